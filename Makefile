@@ -1,0 +1,56 @@
+# Halcyon — every target bootstraps its own virtualenv (.venv) from nothing.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+BUF_VERSION := 1.75.0
+BUF := .tools/node_modules/.bin/buf
+POLICY := common gateway/batching gateway/routing gateway/admission
+
+.DEFAULT_GOAL := help
+
+help: ## List targets
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	  awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+venv: $(STAMP) ## Create .venv and install Halcyon with its dev tools
+
+$(BUF):
+	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
+
+proto: $(STAMP) ## Regenerate the committed gRPC stubs from proto/
+	$(PY) scripts/genproto.py
+
+lint: $(STAMP) $(BUF) ## ruff (lint + format check), mypy --strict on policy code, buf lint
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy $(POLICY)
+	$(BUF) lint
+
+fmt: $(STAMP) ## Format and autofix with ruff
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
+	$(VENV)/bin/pytest -q
+
+stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops)
+	$(VENV)/bin/halcyon stack --canary
+
+bench: $(STAMP) ## Run the seeded batching benchmark (published workload)
+	$(VENV)/bin/halcyon bench
+
+loadtest: $(STAMP) ## 32 clients x 20 s against a running stack
+	$(VENV)/bin/halcyon loadtest --clients 32 --seconds 20
+
+clean: ## Remove the virtualenv and caches
+	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
+
+.PHONY: help venv proto lint fmt test stack bench loadtest clean

@@ -1,0 +1,61 @@
+"""The ``halcyon`` command: one console entry point with a subcommand per job.
+
+Each subcommand lives in its own module exposing ``configure(parser)`` and ``run(args) -> int``;
+modules are imported only when their subcommand runs, so ``halcyon bench`` never pays for gRPC
+server imports and ``halcyon --help`` is instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+# name -> (module, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "controller": ("controller.main", "run the controller (fleet registry, rollouts, store)"),
+    "gateway": ("gateway.main", "run a gateway (InferService)"),
+    "worker": ("worker.main", "run a worker replica on a simulated device (WorkerService)"),
+    "stack": ("halcyon.stack", "run controller, gateway and a heterogeneous fleet on loopback"),
+    "bench": ("bench.cli", "seeded discrete-event benchmarks (batching, fleet, herd)"),
+    "loadtest": ("halcyon.loadtest", "drive real load at a running gateway and report"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from halcyon import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="halcyon",
+        description="Halcyon: admission, version, batching and routing for ML inference fleets.",
+    )
+    parser.add_argument("--version", action="version", version=f"halcyon {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name, (_module, help_text) in SUBCOMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args or args[0] not in SUBCOMMANDS:
+        # Top-level --help, --version, or an unknown command: argparse explains.
+        parser.parse_args(args)
+        return 2
+    name, rest = args[0], args[1:]
+    module_name, help_text = SUBCOMMANDS[name]
+    module = importlib.import_module(module_name)
+    sub = argparse.ArgumentParser(prog=f"halcyon {name}", description=help_text)
+    module.configure(sub)
+    parsed = sub.parse_args(rest)
+    try:
+        return int(module.run(parsed))
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

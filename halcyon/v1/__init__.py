@@ -1,0 +1,1 @@
+"""Generated gRPC stubs for halcyon.v1 (make proto)."""

@@ -1,0 +1,380 @@
+import datetime
+
+from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import timestamp_pb2 as _timestamp_pb2
+from halcyon.v1 import fleet_pb2 as _fleet_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class RolloutState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    ROLLOUT_STATE_UNSPECIFIED: _ClassVar[RolloutState]
+    ROLLOUT_STATE_PROGRESSING: _ClassVar[RolloutState]
+    ROLLOUT_STATE_PROMOTED: _ClassVar[RolloutState]
+    ROLLOUT_STATE_ROLLED_BACK: _ClassVar[RolloutState]
+    ROLLOUT_STATE_ABORTED: _ClassVar[RolloutState]
+
+class DecisionAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DECISION_ACTION_UNSPECIFIED: _ClassVar[DecisionAction]
+    DECISION_ACTION_START: _ClassVar[DecisionAction]
+    DECISION_ACTION_ADVANCE: _ClassVar[DecisionAction]
+    DECISION_ACTION_HOLD: _ClassVar[DecisionAction]
+    DECISION_ACTION_ROLLBACK: _ClassVar[DecisionAction]
+    DECISION_ACTION_PROMOTE: _ClassVar[DecisionAction]
+    DECISION_ACTION_ABORT: _ClassVar[DecisionAction]
+
+class RequestOutcomeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    REQUEST_OUTCOME_KIND_UNSPECIFIED: _ClassVar[RequestOutcomeKind]
+    REQUEST_OUTCOME_KIND_OK: _ClassVar[RequestOutcomeKind]
+    REQUEST_OUTCOME_KIND_ERROR: _ClassVar[RequestOutcomeKind]
+    REQUEST_OUTCOME_KIND_SHED: _ClassVar[RequestOutcomeKind]
+    REQUEST_OUTCOME_KIND_LATE: _ClassVar[RequestOutcomeKind]
+ROLLOUT_STATE_UNSPECIFIED: RolloutState
+ROLLOUT_STATE_PROGRESSING: RolloutState
+ROLLOUT_STATE_PROMOTED: RolloutState
+ROLLOUT_STATE_ROLLED_BACK: RolloutState
+ROLLOUT_STATE_ABORTED: RolloutState
+DECISION_ACTION_UNSPECIFIED: DecisionAction
+DECISION_ACTION_START: DecisionAction
+DECISION_ACTION_ADVANCE: DecisionAction
+DECISION_ACTION_HOLD: DecisionAction
+DECISION_ACTION_ROLLBACK: DecisionAction
+DECISION_ACTION_PROMOTE: DecisionAction
+DECISION_ACTION_ABORT: DecisionAction
+REQUEST_OUTCOME_KIND_UNSPECIFIED: RequestOutcomeKind
+REQUEST_OUTCOME_KIND_OK: RequestOutcomeKind
+REQUEST_OUTCOME_KIND_ERROR: RequestOutcomeKind
+REQUEST_OUTCOME_KIND_SHED: RequestOutcomeKind
+REQUEST_OUTCOME_KIND_LATE: RequestOutcomeKind
+
+class FleetMember(_message.Message):
+    __slots__ = ("replica", "load", "lease_expires_at", "registered_at")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    LOAD_FIELD_NUMBER: _ClassVar[int]
+    LEASE_EXPIRES_AT_FIELD_NUMBER: _ClassVar[int]
+    REGISTERED_AT_FIELD_NUMBER: _ClassVar[int]
+    replica: _fleet_pb2.ReplicaDescriptor
+    load: _fleet_pb2.ReplicaLoad
+    lease_expires_at: _timestamp_pb2.Timestamp
+    registered_at: _timestamp_pb2.Timestamp
+    def __init__(self, replica: _Optional[_Union[_fleet_pb2.ReplicaDescriptor, _Mapping]] = ..., load: _Optional[_Union[_fleet_pb2.ReplicaLoad, _Mapping]] = ..., lease_expires_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., registered_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ModelRouting(_message.Message):
+    __slots__ = ("model", "stable_version", "canary_version", "canary_weight_bp")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    STABLE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_BP_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    stable_version: str
+    canary_version: str
+    canary_weight_bp: int
+    def __init__(self, model: _Optional[str] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_weight_bp: _Optional[int] = ...) -> None: ...
+
+class RolloutPolicy(_message.Message):
+    __slots__ = ("window", "min_requests", "max_error_rate_increase", "max_error_rate_ratio", "max_p95_ratio", "healthy_windows_to_advance", "unhealthy_windows_to_rollback")
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_INCREASE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ERROR_RATE_RATIO_FIELD_NUMBER: _ClassVar[int]
+    MAX_P95_RATIO_FIELD_NUMBER: _ClassVar[int]
+    HEALTHY_WINDOWS_TO_ADVANCE_FIELD_NUMBER: _ClassVar[int]
+    UNHEALTHY_WINDOWS_TO_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    window: _duration_pb2.Duration
+    min_requests: int
+    max_error_rate_increase: float
+    max_error_rate_ratio: float
+    max_p95_ratio: float
+    healthy_windows_to_advance: int
+    unhealthy_windows_to_rollback: int
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_requests: _Optional[int] = ..., max_error_rate_increase: _Optional[float] = ..., max_error_rate_ratio: _Optional[float] = ..., max_p95_ratio: _Optional[float] = ..., healthy_windows_to_advance: _Optional[int] = ..., unhealthy_windows_to_rollback: _Optional[int] = ...) -> None: ...
+
+class Rollout(_message.Message):
+    __slots__ = ("id", "model", "baseline_version", "canary_version", "step_percents", "step_index", "canary_weight_bp", "state", "policy", "started_at", "updated_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_PERCENTS_FIELD_NUMBER: _ClassVar[int]
+    STEP_INDEX_FIELD_NUMBER: _ClassVar[int]
+    CANARY_WEIGHT_BP_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    STARTED_AT_FIELD_NUMBER: _ClassVar[int]
+    UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    model: str
+    baseline_version: str
+    canary_version: str
+    step_percents: _containers.RepeatedScalarFieldContainer[float]
+    step_index: int
+    canary_weight_bp: int
+    state: RolloutState
+    policy: RolloutPolicy
+    started_at: _timestamp_pb2.Timestamp
+    updated_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., step_index: _Optional[int] = ..., canary_weight_bp: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class ArmMetrics(_message.Message):
+    __slots__ = ("version", "requests", "errors", "shed", "error_rate", "p50", "p95")
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_RATE_FIELD_NUMBER: _ClassVar[int]
+    P50_FIELD_NUMBER: _ClassVar[int]
+    P95_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    requests: int
+    errors: int
+    shed: int
+    error_rate: float
+    p50: _duration_pb2.Duration
+    p95: _duration_pb2.Duration
+    def __init__(self, version: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., error_rate: _Optional[float] = ..., p50: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., p95: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class RolloutDecision(_message.Message):
+    __slots__ = ("id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent", "baseline", "canary", "decided_at")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FROM_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    TO_PERCENT_FIELD_NUMBER: _ClassVar[int]
+    BASELINE_FIELD_NUMBER: _ClassVar[int]
+    CANARY_FIELD_NUMBER: _ClassVar[int]
+    DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    rollout_id: int
+    model: str
+    action: DecisionAction
+    reason: str
+    from_percent: float
+    to_percent: float
+    baseline: ArmMetrics
+    canary: ArmMetrics
+    decided_at: _timestamp_pb2.Timestamp
+    def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GatewayStatus(_message.Message):
+    __slots__ = ("gateway_id", "last_report_at", "concurrency_limit", "inflight", "cost_models")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    LAST_REPORT_AT_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COST_MODELS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    last_report_at: _timestamp_pb2.Timestamp
+    concurrency_limit: int
+    inflight: int
+    cost_models: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.CostModel]
+    def __init__(self, gateway_id: _Optional[str] = ..., last_report_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ...) -> None: ...
+
+class GetStateRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class GetStateResponse(_message.Message):
+    __slots__ = ("replicas", "routing", "rollouts", "gateways")
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
+    GATEWAYS_FIELD_NUMBER: _ClassVar[int]
+    replicas: _containers.RepeatedCompositeFieldContainer[FleetMember]
+    routing: _containers.RepeatedCompositeFieldContainer[ModelRouting]
+    rollouts: _containers.RepeatedCompositeFieldContainer[Rollout]
+    gateways: _containers.RepeatedCompositeFieldContainer[GatewayStatus]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ..., gateways: _Optional[_Iterable[_Union[GatewayStatus, _Mapping]]] = ...) -> None: ...
+
+class StartRolloutRequest(_message.Message):
+    __slots__ = ("model", "canary_version", "step_percents", "policy")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    STEP_PERCENTS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    canary_version: str
+    step_percents: _containers.RepeatedScalarFieldContainer[float]
+    policy: RolloutPolicy
+    def __init__(self, model: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ...) -> None: ...
+
+class StartRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class PromoteRolloutRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class PromoteRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class AbortRolloutRequest(_message.Message):
+    __slots__ = ("model", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class AbortRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class ListRolloutDecisionsRequest(_message.Message):
+    __slots__ = ("model", "limit")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    limit: int
+    def __init__(self, model: _Optional[str] = ..., limit: _Optional[int] = ...) -> None: ...
+
+class ListRolloutDecisionsResponse(_message.Message):
+    __slots__ = ("decisions",)
+    DECISIONS_FIELD_NUMBER: _ClassVar[int]
+    decisions: _containers.RepeatedCompositeFieldContainer[RolloutDecision]
+    def __init__(self, decisions: _Optional[_Iterable[_Union[RolloutDecision, _Mapping]]] = ...) -> None: ...
+
+class WatchRolloutDecisionsRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class WatchRolloutDecisionsResponse(_message.Message):
+    __slots__ = ("decision",)
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    decision: RolloutDecision
+    def __init__(self, decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
+
+class DrainReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class DrainReplicaResponse(_message.Message):
+    __slots__ = ("replica",)
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    replica: FleetMember
+    def __init__(self, replica: _Optional[_Union[FleetMember, _Mapping]] = ...) -> None: ...
+
+class WorkerSessionRequest(_message.Message):
+    __slots__ = ("register", "heartbeat")
+    REGISTER_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    register: _fleet_pb2.ReplicaDescriptor
+    heartbeat: _fleet_pb2.ReplicaLoad
+    def __init__(self, register: _Optional[_Union[_fleet_pb2.ReplicaDescriptor, _Mapping]] = ..., heartbeat: _Optional[_Union[_fleet_pb2.ReplicaLoad, _Mapping]] = ...) -> None: ...
+
+class WorkerSessionResponse(_message.Message):
+    __slots__ = ("lease", "drain")
+    LEASE_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_FIELD_NUMBER: _ClassVar[int]
+    lease: Lease
+    drain: DrainCommand
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ...) -> None: ...
+
+class Lease(_message.Message):
+    __slots__ = ("replica_id", "ttl", "heartbeat_interval")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_INTERVAL_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    ttl: _duration_pb2.Duration
+    heartbeat_interval: _duration_pb2.Duration
+    def __init__(self, replica_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class DrainCommand(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class WatchFleetRequest(_message.Message):
+    __slots__ = ("gateway_id",)
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    def __init__(self, gateway_id: _Optional[str] = ...) -> None: ...
+
+class WatchFleetResponse(_message.Message):
+    __slots__ = ("generation", "replicas", "routing")
+    GENERATION_FIELD_NUMBER: _ClassVar[int]
+    REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    ROUTING_FIELD_NUMBER: _ClassVar[int]
+    generation: int
+    replicas: _containers.RepeatedCompositeFieldContainer[FleetMember]
+    routing: _containers.RepeatedCompositeFieldContainer[ModelRouting]
+    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ...) -> None: ...
+
+class RequestOutcome(_message.Message):
+    __slots__ = ("model", "version", "replica_id", "kind", "latency")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    LATENCY_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    replica_id: str
+    kind: RequestOutcomeKind
+    latency: _duration_pb2.Duration
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., replica_id: _Optional[str] = ..., kind: _Optional[_Union[RequestOutcomeKind, str]] = ..., latency: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
+
+class BatchOutcome(_message.Message):
+    __slots__ = ("model", "version", "replica_id", "size", "tokens", "device_time", "ok")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    TOKENS_FIELD_NUMBER: _ClassVar[int]
+    DEVICE_TIME_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    version: str
+    replica_id: str
+    size: int
+    tokens: int
+    device_time: _duration_pb2.Duration
+    ok: bool
+    def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., replica_id: _Optional[str] = ..., size: _Optional[int] = ..., tokens: _Optional[int] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ok: _Optional[bool] = ...) -> None: ...
+
+class ReportOutcomesRequest(_message.Message):
+    __slots__ = ("gateway_id", "requests", "batches", "concurrency_limit", "inflight", "cost_models")
+    GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    BATCHES_FIELD_NUMBER: _ClassVar[int]
+    CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
+    INFLIGHT_FIELD_NUMBER: _ClassVar[int]
+    COST_MODELS_FIELD_NUMBER: _ClassVar[int]
+    gateway_id: str
+    requests: _containers.RepeatedCompositeFieldContainer[RequestOutcome]
+    batches: _containers.RepeatedCompositeFieldContainer[BatchOutcome]
+    concurrency_limit: int
+    inflight: int
+    cost_models: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.CostModel]
+    def __init__(self, gateway_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestOutcome, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[BatchOutcome, _Mapping]]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ...) -> None: ...
+
+class ReportOutcomesResponse(_message.Message):
+    __slots__ = ("reports_received",)
+    REPORTS_RECEIVED_FIELD_NUMBER: _ClassVar[int]
+    reports_received: int
+    def __init__(self, reports_received: _Optional[int] = ...) -> None: ...
