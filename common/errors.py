@@ -1,0 +1,411 @@
+"""Rich gRPC errors: how every Halcyon rejection is expressed, sent and read back.
+
+What it decides: the one mapping between a rejection (a :class:`RichError` raised by policy
+or servicer code) and the wire form of the gRPC rich error model — a ``google.rpc.Status``
+carried in the ``grpc-status-details-bin`` trailer with ``ErrorInfo`` (reason + domain +
+metadata), ``RetryInfo``, ``BadRequest`` and ``QuotaFailure`` details — plus the
+``grpc-retry-pushback-ms`` trailer that gRPC's own retry machinery understands.
+
+Why one module: the design (section 3) requires retry advice on every rejection where
+retrying later can work, and reasons a client can switch on; keeping the encoding in one
+place means servicers cannot drift apart, and clients and tests read rejections with the same
+code that wrote them. Constructors here compute nothing: callers pass the computed retry
+delay (refill time, predicted drain), never a constant chosen here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, NoReturn
+
+import grpc
+import grpc.aio
+from google.protobuf import any_pb2, duration_pb2
+from google.protobuf.message import DecodeError
+from google.rpc import error_details_pb2, status_pb2
+from grpc_status import rpc_status
+
+__all__ = [
+    "DETAILS_KEY",
+    "DOMAIN",
+    "PUSHBACK_KEY",
+    "FieldViolation",
+    "QuotaViolation",
+    "Reason",
+    "RichError",
+    "abort",
+    "abort_sync",
+    "deadline_missed",
+    "deadline_unreachable",
+    "invalid_argument",
+    "not_found_model",
+    "parse_rpc_error",
+    "permission_denied",
+    "quota_exceeded",
+    "unauthenticated",
+    "unavailable",
+]
+
+DOMAIN = "halcyon.dev"
+DETAILS_KEY = "grpc-status-details-bin"
+PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# ErrorInfo metadata key under which deadline_unreachable carries its prediction.
+PREDICTED_COMPLETION_MS = "predicted_completion_ms"
+
+
+class Reason(StrEnum):
+    """``ErrorInfo.reason`` values in the ``halcyon.dev`` domain: what a client switches on."""
+
+    QUOTA_EXCEEDED = "QUOTA_EXCEEDED"
+    OVERLOADED = "OVERLOADED"
+    QUEUE_FULL = "QUEUE_FULL"
+    NO_CAPACITY = "NO_CAPACITY"
+    DEADLINE_UNREACHABLE = "DEADLINE_UNREACHABLE"
+    # Queued work evicted because it can no longer make its deadline.
+    DEADLINE_MISSED = "DEADLINE_MISSED"
+    REPLICA_BUSY = "REPLICA_BUSY"
+    REPLICA_DRAINING = "REPLICA_DRAINING"
+    UNKNOWN_MODEL = "UNKNOWN_MODEL"
+    INVALID_FIELD = "INVALID_FIELD"
+    MISSING_CREDENTIALS = "MISSING_CREDENTIALS"
+    INVALID_CREDENTIALS = "INVALID_CREDENTIALS"
+    WRONG_ROLE = "WRONG_ROLE"
+    UPSTREAM_FAILURE = "UPSTREAM_FAILURE"
+    SHUTTING_DOWN = "SHUTTING_DOWN"
+    ROLLOUT_CONFLICT = "ROLLOUT_CONFLICT"
+    NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
+
+
+@dataclass(frozen=True)
+class FieldViolation:
+    """One ``BadRequest.FieldViolation``: which request field is wrong and why."""
+
+    field: str
+    description: str
+
+
+@dataclass(frozen=True)
+class QuotaViolation:
+    """One ``QuotaFailure.Violation``: whose quota ran out (e.g. ``tenant:acme``) and why."""
+
+    subject: str
+    description: str
+
+
+# eq=False: exceptions keep identity equality and stay hashable (a mutable dataclass with
+# eq=True would set __hash__ to None, which breaks code that puts exceptions in sets).
+@dataclass(eq=False)
+class RichError(Exception):
+    """A rejection with everything the client needs to react: code, reason, retry advice.
+
+    Raise it from policy or servicer code; the servicer boundary turns it into a status with
+    :func:`abort`. Clients get it back with :func:`parse_rpc_error`.
+    """
+
+    code: grpc.StatusCode
+    message: str
+    reason: str | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+    retry_after_s: float | None = None
+    field_violations: list[FieldViolation] = field(default_factory=list)
+    quota_violations: list[QuotaViolation] = field(default_factory=list)
+    domain: str = DOMAIN
+
+    def __post_init__(self) -> None:
+        if self.code == grpc.StatusCode.OK:
+            raise ValueError("a RichError cannot carry StatusCode.OK")
+        if self.retry_after_s is not None and not (
+            math.isfinite(self.retry_after_s) and self.retry_after_s >= 0.0
+        ):
+            raise ValueError(f"retry_after_s must be finite and >= 0, got {self.retry_after_s}")
+        # Exception.args = (code, message) keeps str(), repr() of args and pickling sensible:
+        # BaseException.__reduce__ rebuilds with cls(*args) and then restores __dict__.
+        Exception.__init__(self, self.code, self.message)
+
+    def __str__(self) -> str:
+        head = f"{self.code.name}: {self.message}"
+        return f"{head} [{self.reason}]" if self.reason else head
+
+    # -- to the wire --------------------------------------------------------------------------
+
+    def to_proto(self) -> status_pb2.Status:
+        """The ``google.rpc.Status`` message with every applicable detail packed in."""
+        details: list[Any] = []
+        if self.reason is not None:
+            details.append(
+                error_details_pb2.ErrorInfo(
+                    reason=str(self.reason), domain=self.domain, metadata=self.metadata
+                )
+            )
+        if self.retry_after_s is not None:
+            delay = duration_pb2.Duration()
+            delay.FromNanoseconds(round(self.retry_after_s * 1e9))
+            details.append(error_details_pb2.RetryInfo(retry_delay=delay))
+        if self.field_violations:
+            details.append(
+                error_details_pb2.BadRequest(
+                    field_violations=[
+                        error_details_pb2.BadRequest.FieldViolation(
+                            field=v.field, description=v.description
+                        )
+                        for v in self.field_violations
+                    ]
+                )
+            )
+        if self.quota_violations:
+            details.append(
+                error_details_pb2.QuotaFailure(
+                    violations=[
+                        error_details_pb2.QuotaFailure.Violation(
+                            subject=v.subject, description=v.description
+                        )
+                        for v in self.quota_violations
+                    ]
+                )
+            )
+        packed = []
+        for detail in details:
+            any_msg = any_pb2.Any()
+            any_msg.Pack(detail)
+            packed.append(any_msg)
+        return status_pb2.Status(code=self.code.value[0], message=self.message, details=packed)
+
+    def pushback_ms(self) -> int | None:
+        """The ``grpc-retry-pushback-ms`` value: the retry delay rounded up to whole ms."""
+        if self.retry_after_s is None:
+            return None
+        # Via integer nanoseconds (as RetryInfo carries it), so 0.07 s is 70 ms, not the 71 a
+        # float ceil(0.07 * 1000 = 70.00000000000001) would give.
+        nanos = round(self.retry_after_s * 1e9)
+        return -(-nanos // 1_000_000)
+
+    def trailing_metadata(self) -> tuple[tuple[str, str | bytes], ...]:
+        """Trailers to send: the serialized status, and the pushback hint when retryable.
+
+        (The details entry is binary, as gRPC requires of ``-bin`` keys.)
+        """
+        trailers: list[tuple[str, str | bytes]] = [
+            (DETAILS_KEY, self.to_proto().SerializeToString())
+        ]
+        pushback = self.pushback_ms()
+        if pushback is not None:
+            trailers.append((PUSHBACK_KEY, str(pushback)))
+        return tuple(trailers)
+
+    def to_status(self) -> grpc.Status:
+        """A ``grpc.Status`` for ``context.abort_with_status``, carrying all trailers."""
+        status = rpc_status.to_status(self.to_proto())
+        return status._replace(trailing_metadata=self.trailing_metadata())
+
+
+# -- constructors for the common cases --------------------------------------------------------
+
+
+def invalid_argument(field: str, description: str) -> RichError:
+    """A malformed request: INVALID_ARGUMENT with a BadRequest field violation."""
+    return RichError(
+        grpc.StatusCode.INVALID_ARGUMENT,
+        f"invalid {field}: {description}",
+        reason=Reason.INVALID_FIELD,
+        metadata={"field": field},
+        field_violations=[FieldViolation(field, description)],
+    )
+
+
+def not_found_model(model: str) -> RichError:
+    """A request for a model nobody serves: NOT_FOUND."""
+    return RichError(
+        grpc.StatusCode.NOT_FOUND,
+        f"unknown model {model!r}",
+        reason=Reason.UNKNOWN_MODEL,
+        metadata={"model": model},
+    )
+
+
+def quota_exceeded(tenant: str, retry_after_s: float, description: str) -> RichError:
+    """A tenant over its quota: RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo.
+
+    ``retry_after_s`` is the caller's computed refill time for the tokens the request needs.
+    """
+    return RichError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        f"tenant {tenant!r} is over quota: {description}",
+        reason=Reason.QUOTA_EXCEEDED,
+        metadata={"tenant": tenant},
+        retry_after_s=retry_after_s,
+        quota_violations=[QuotaViolation(f"tenant:{tenant}", description)],
+    )
+
+
+def unavailable(reason: Reason, message: str, retry_after_s: float | None) -> RichError:
+    """Overload, full queue, no replica, draining…: UNAVAILABLE with the caller's retry advice."""
+    return RichError(
+        grpc.StatusCode.UNAVAILABLE, message, reason=reason, retry_after_s=retry_after_s
+    )
+
+
+def deadline_unreachable(message: str, predicted_completion_s: float | None = None) -> RichError:
+    """A request that provably cannot finish in time: DEADLINE_EXCEEDED, rejected up front.
+
+    ``predicted_completion_s`` is the predicted time to completion in seconds from now; it
+    travels as ErrorInfo metadata ``predicted_completion_ms`` (decimal, microsecond precision).
+    """
+    metadata: dict[str, str] = {}
+    if predicted_completion_s is not None:
+        metadata[PREDICTED_COMPLETION_MS] = f"{predicted_completion_s * 1000.0:.3f}"
+    return RichError(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        message,
+        reason=Reason.DEADLINE_UNREACHABLE,
+        metadata=metadata,
+    )
+
+
+def deadline_missed(message: str) -> RichError:
+    """Queued work evicted because it can no longer make its deadline: DEADLINE_EXCEEDED."""
+    return RichError(grpc.StatusCode.DEADLINE_EXCEEDED, message, reason=Reason.DEADLINE_MISSED)
+
+
+def unauthenticated(message: str, reason: Reason | None = None) -> RichError:
+    """Missing or wrong credentials: UNAUTHENTICATED (optionally MISSING_/INVALID_CREDENTIALS)."""
+    return RichError(grpc.StatusCode.UNAUTHENTICATED, message, reason=reason)
+
+
+def permission_denied(message: str, reason: Reason | None = None) -> RichError:
+    """Valid credentials, wrong role: PERMISSION_DENIED (optionally WRONG_ROLE)."""
+    return RichError(grpc.StatusCode.PERMISSION_DENIED, message, reason=reason)
+
+
+# -- the servicer boundary --------------------------------------------------------------------
+
+
+def _merged_trailers(existing: Any, err: RichError) -> tuple[tuple[str, str | bytes], ...]:
+    """Trailers already set on the context (minus ours) followed by the error's.
+
+    ``context.abort`` *replaces* trailing metadata, so anything a servicer or interceptor
+    set earlier would otherwise be lost.
+    """
+    ours = {DETAILS_KEY, PUSHBACK_KEY}
+    kept = tuple((k, v) for k, v in (existing or ()) if k not in ours)
+    return kept + err.trailing_metadata()
+
+
+async def abort(context: grpc.aio.ServicerContext, err: RichError) -> NoReturn:
+    """End the current aio RPC with ``err``: code, message, status details and pushback.
+
+    ``grpc.aio`` contexts do have ``abort_with_status``, but it is only
+    ``abort(status.code, status.details, status.trailing_metadata)``; calling ``abort``
+    directly lets us keep trailers the servicer set before.
+    """
+    trailers = _merged_trailers(context.trailing_metadata(), err)
+    await context.abort(err.code, err.message, trailers)
+    raise AssertionError("grpc.aio ServicerContext.abort returned")  # pragma: no cover
+
+
+def abort_sync(context: grpc.ServicerContext, err: RichError) -> NoReturn:
+    """The same for a synchronous (thread-pool) server's context."""
+    status = err.to_status()
+    context.abort_with_status(
+        status._replace(trailing_metadata=_merged_trailers(_sync_trailers(context), err))
+    )
+    raise AssertionError("grpc ServicerContext.abort_with_status returned")  # pragma: no cover
+
+
+def _sync_trailers(context: grpc.ServicerContext) -> Any:
+    # Sync contexts only expose trailing_metadata() on newer grpc versions.
+    getter = getattr(context, "trailing_metadata", None)
+    return getter() if callable(getter) else ()
+
+
+# -- the client side --------------------------------------------------------------------------
+
+
+def _call_attr(err: grpc.RpcError, name: str) -> Any:
+    """``err.code()`` / ``.details()`` / ``.trailing_metadata()`` when present, else None.
+
+    Both the sync ``_InactiveRpcError`` and ``grpc.aio.AioRpcError`` offer these as plain
+    (non-async) methods; a bare ``grpc.RpcError`` offers none of them.
+    """
+    method = getattr(err, name, None)
+    return method() if callable(method) else None
+
+
+def _iter_trailers(trailers: Any) -> Iterable[tuple[str, Any]]:
+    # A tuple of pairs (sync) or grpc.aio.Metadata (iterates as pairs) or None.
+    if trailers is None:
+        return ()
+    return ((str(k), v) for k, v in trailers)
+
+
+def parse_rpc_error(err: grpc.RpcError) -> RichError:
+    """Rebuild the :class:`RichError` a server sent, from a sync or aio ``RpcError``.
+
+    Tolerant: a missing or undecodable ``grpc-status-details-bin`` gives a RichError with
+    just the code and message (plus the pushback trailer as ``retry_after_s`` if present).
+    The code and message are the call's own; ``RetryInfo`` wins over the pushback trailer.
+    """
+    code = _call_attr(err, "code")
+    if not isinstance(code, grpc.StatusCode) or code == grpc.StatusCode.OK:
+        code = grpc.StatusCode.UNKNOWN
+    details = _call_attr(err, "details")
+    message = details if isinstance(details, str) else str(err)
+
+    status: status_pb2.Status | None = None
+    pushback_ms: int | None = None
+    for key, value in _iter_trailers(_call_attr(err, "trailing_metadata")):
+        if key == DETAILS_KEY and status is None:
+            try:
+                status = status_pb2.Status.FromString(
+                    value if isinstance(value, bytes) else str(value).encode()
+                )
+            except DecodeError:
+                status = None
+        elif key == PUSHBACK_KEY:
+            try:
+                pushback_ms = int(value.decode() if isinstance(value, bytes) else value)
+            except ValueError:
+                pushback_ms = None
+
+    result = RichError(code, message)
+    if pushback_ms is not None and pushback_ms >= 0:
+        result.retry_after_s = pushback_ms / 1000.0
+    if status is not None:
+        _apply_details(result, status)
+    return result
+
+
+def _apply_details(result: RichError, status: status_pb2.Status) -> None:
+    for detail in status.details:
+        if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+            info = error_details_pb2.ErrorInfo()
+            detail.Unpack(info)
+            result.reason = _as_reason(info.reason)
+            result.domain = info.domain
+            result.metadata = dict(info.metadata)
+        elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
+            retry = error_details_pb2.RetryInfo()
+            detail.Unpack(retry)
+            result.retry_after_s = retry.retry_delay.ToNanoseconds() / 1e9
+        elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
+            bad = error_details_pb2.BadRequest()
+            detail.Unpack(bad)
+            result.field_violations = [
+                FieldViolation(v.field, v.description) for v in bad.field_violations
+            ]
+        elif detail.Is(error_details_pb2.QuotaFailure.DESCRIPTOR):
+            quota = error_details_pb2.QuotaFailure()
+            detail.Unpack(quota)
+            result.quota_violations = [
+                QuotaViolation(v.subject, v.description) for v in quota.violations
+            ]
+
+
+def _as_reason(reason: str) -> str:
+    """A known reason as the :class:`Reason` member (equal to the string either way)."""
+    try:
+        return Reason(reason)
+    except ValueError:
+        return reason
