@@ -184,16 +184,26 @@ class GetStateRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class GetStateResponse(_message.Message):
-    __slots__ = ("replicas", "routing", "rollouts", "gateways")
+    __slots__ = ("replicas", "routing", "rollouts", "gateways", "outcomes")
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     ROLLOUTS_FIELD_NUMBER: _ClassVar[int]
     GATEWAYS_FIELD_NUMBER: _ClassVar[int]
+    OUTCOMES_FIELD_NUMBER: _ClassVar[int]
     replicas: _containers.RepeatedCompositeFieldContainer[FleetMember]
     routing: _containers.RepeatedCompositeFieldContainer[ModelRouting]
     rollouts: _containers.RepeatedCompositeFieldContainer[Rollout]
     gateways: _containers.RepeatedCompositeFieldContainer[GatewayStatus]
-    def __init__(self, replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ..., gateways: _Optional[_Iterable[_Union[GatewayStatus, _Mapping]]] = ...) -> None: ...
+    outcomes: _containers.RepeatedCompositeFieldContainer[VersionOutcomes]
+    def __init__(self, replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., rollouts: _Optional[_Iterable[_Union[Rollout, _Mapping]]] = ..., gateways: _Optional[_Iterable[_Union[GatewayStatus, _Mapping]]] = ..., outcomes: _Optional[_Iterable[_Union[VersionOutcomes, _Mapping]]] = ...) -> None: ...
+
+class VersionOutcomes(_message.Message):
+    __slots__ = ("model", "metrics")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    metrics: ArmMetrics
+    def __init__(self, model: _Optional[str] = ..., metrics: _Optional[_Union[ArmMetrics, _Mapping]] = ...) -> None: ...
 
 class StartRolloutRequest(_message.Message):
     __slots__ = ("model", "canary_version", "step_percents", "policy")

@@ -109,7 +109,7 @@ class ControlServiceServicer:
 
     def StartRollout(self, request, context):
         """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-        offending field (for example a step outside (0, 100] or steps not increasing);
+        offending field (for example a step outside (0, 100) or steps not increasing);
         FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)

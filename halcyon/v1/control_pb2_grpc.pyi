@@ -44,7 +44,7 @@ class ControlServiceStub:
     """
     StartRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRolloutRequest, _control_pb2.StartRolloutResponse]
     """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-    offending field (for example a step outside (0, 100] or steps not increasing);
+    offending field (for example a step outside (0, 100) or steps not increasing);
     FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
     """
     PromoteRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]
@@ -87,7 +87,7 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     StartRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRolloutRequest, _control_pb2.StartRolloutResponse]  # type: ignore[assignment]
     """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-    offending field (for example a step outside (0, 100] or steps not increasing);
+    offending field (for example a step outside (0, 100) or steps not increasing);
     FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
     """
     PromoteRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]  # type: ignore[assignment]
@@ -139,7 +139,7 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.StartRolloutResponse, _abc.Awaitable[_control_pb2.StartRolloutResponse]]:
         """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-        offending field (for example a step outside (0, 100] or steps not increasing);
+        offending field (for example a step outside (0, 100) or steps not increasing);
         FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
         """
 

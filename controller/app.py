@@ -1,0 +1,163 @@
+"""The assembled controller: one object that opens the store and wires the parts together.
+
+What it decides: construction and lifecycle order, shared by ``halcyon controller`` and the
+tests — open the store (off the event loop) and reconcile the stable versions with it before
+anything can register; start the lease sweeper and the event writer after the server binds;
+on shutdown end every stream cleanly first (:meth:`Controller.shutdown`), and only after the
+server has stopped flush the pending fleet events and close the store (:meth:`close`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from common.clock import Clock, MonotonicClock
+from common.serving import ServiceHost
+from controller.convert import WallClock
+from controller.event_writer import FleetEventWriter
+from controller.feed import ChangeFeed
+from controller.fleet import FleetManager
+from controller.fleet_view import FleetView
+from controller.metrics import ControllerMetrics
+from controller.outcomes import OutcomeAggregator
+from controller.registry import FleetRegistry
+from controller.routing_table import RoutingTable
+from controller.servicer import SERVICE_NAME, ControlService
+from controller.stable_versions import reconcile
+from controller.store import ControllerStore
+from halcyon.v1 import control_pb2_grpc
+
+__all__ = ["Controller", "ControllerConfig"]
+
+_log = logging.getLogger("halcyon.controller")
+
+
+@dataclass(frozen=True)
+class ControllerConfig:
+    """Everything the controller needs besides the serving options."""
+
+    db_path: str | Path
+    stable: Mapping[str, str] = field(default_factory=dict)
+    lease_ttl_s: float = 3.0
+    heartbeat_interval_s: float = 1.0
+    sweep_interval_s: float | None = None  # default lease_ttl_s / 4
+    outcome_window_s: float = 60.0
+    gateway_ttl_s: float = 60.0
+    coalesce_s: float = 0.01
+    generation_epoch: int | None = None  # default: wall-clock microseconds at start
+
+
+class Controller:
+    """Store, registry, routing table, outcome aggregator, fleet sessions and the servicer."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        store: ControllerStore,
+        stable: Mapping[str, str],
+        *,
+        clock: Clock,
+        metrics_registry: CollectorRegistry | None,
+    ) -> None:
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.wall = WallClock(clock)
+        self.metrics = ControllerMetrics(metrics_registry)
+        self.registry = FleetRegistry(clock, config.lease_ttl_s)
+        self.routing = RoutingTable(stable)
+        epoch = (
+            config.generation_epoch
+            if config.generation_epoch is not None
+            else time.time_ns() // 1000
+        )
+        self.view = FleetView(self.registry, self.routing, self.wall, epoch=epoch)
+        self.outcomes = OutcomeAggregator(
+            clock, window_s=config.outcome_window_s, gateway_ttl_s=config.gateway_ttl_s
+        )
+        self.events = FleetEventWriter(store)
+        self.fleet = FleetManager(
+            registry=self.registry,
+            view=self.view,
+            feed=ChangeFeed(),
+            events=self.events,
+            metrics=self.metrics,
+            wall=self.wall,
+            clock=clock,
+            heartbeat_interval_s=config.heartbeat_interval_s,
+            sweep_interval_s=config.sweep_interval_s,
+        )
+        self.servicer = ControlService(
+            fleet=self.fleet,
+            outcomes=self.outcomes,
+            store=store,
+            metrics=self.metrics,
+            wall=self.wall,
+            coalesce_s=config.coalesce_s,
+        )
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls,
+        config: ControllerConfig,
+        *,
+        clock: Clock | None = None,
+        metrics_registry: CollectorRegistry | None = None,
+    ) -> Controller:
+        """Open the store, settle the stable versions, and build the controller."""
+        store = await asyncio.to_thread(ControllerStore, config.db_path)
+        try:
+            stored = await asyncio.to_thread(store.stable_versions)
+            rec = reconcile(config.stable, stored, time.time())
+            await asyncio.to_thread(store.apply_reconciliation, rec)
+        except BaseException:
+            store.close()
+            raise
+        for note in rec.notes:
+            _log.warning(note)
+        _log.info(
+            "store open",
+            extra={"db": str(config.db_path), "schema_version": store.schema_version,
+                   "stable": rec.effective},
+        )  # fmt: skip
+        controller = cls(
+            config,
+            store,
+            rec.effective,
+            clock=clock or MonotonicClock(),
+            metrics_registry=metrics_registry,
+        )
+        controller.fleet.notify_changed()
+        return controller
+
+    def add_to(self, host: ServiceHost) -> None:
+        """Register the ControlService on a host (before ``host.start()``)."""
+        host.add_service(
+            control_pb2_grpc.add_ControlServiceServicer_to_server, self.servicer, SERVICE_NAME
+        )
+
+    def start(self) -> None:
+        """Start the lease sweeper and the fleet event writer (inside the running loop)."""
+        self.events.start()
+        self.fleet.start()
+
+    async def shutdown(self) -> None:
+        """End every worker session and WatchFleet stream with OK (before the server stops)."""
+        await self.fleet.close()
+
+    async def close(self) -> None:
+        """After the server stopped: write pending fleet events and close the store."""
+        if self._closed:
+            return
+        self._closed = True
+        await self.fleet.close()
+        await self.events.close()
+        await asyncio.to_thread(self.store.close)

@@ -1,0 +1,176 @@
+"""Translations between the controller's own records and the ``halcyon.v1`` wire messages.
+
+What it decides: how times cross the boundary — policy code runs on an injected monotonic
+clock, the wire carries wall-clock ``Timestamp``s, so :class:`WallClock` maps one onto the
+other with a single offset taken at start (a wall-clock step later does not reorder leases) —
+and how stored rollouts and decisions become ``Rollout`` / ``RolloutDecision`` messages.
+Keeping these in one module keeps the servicer a thin adapter and the policy modules free of
+wall time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from google.protobuf import duration_pb2, json_format, timestamp_pb2
+
+from common.clock import Clock
+from controller.outcomes import GatewayReport, VersionOutcomes
+from controller.registry import Member
+from controller.store import (
+    ArmSnapshot,
+    DecisionAction,
+    DecisionRecord,
+    RolloutRecord,
+    RolloutStatus,
+)
+from halcyon.v1 import control_pb2
+
+__all__ = [
+    "WallClock",
+    "arm_to_pb",
+    "decision_to_pb",
+    "duration",
+    "gateway_to_pb",
+    "member_to_pb",
+    "policy_from_pb",
+    "policy_to_pb",
+    "rollout_to_pb",
+    "timestamp",
+]
+
+_ROLLOUT_STATE = {
+    RolloutStatus.PROGRESSING: control_pb2.ROLLOUT_STATE_PROGRESSING,
+    RolloutStatus.PROMOTED: control_pb2.ROLLOUT_STATE_PROMOTED,
+    RolloutStatus.ROLLED_BACK: control_pb2.ROLLOUT_STATE_ROLLED_BACK,
+    RolloutStatus.ABORTED: control_pb2.ROLLOUT_STATE_ABORTED,
+}
+_ACTION = {
+    DecisionAction.START: control_pb2.DECISION_ACTION_START,
+    DecisionAction.ADVANCE: control_pb2.DECISION_ACTION_ADVANCE,
+    DecisionAction.HOLD: control_pb2.DECISION_ACTION_HOLD,
+    DecisionAction.ROLLBACK: control_pb2.DECISION_ACTION_ROLLBACK,
+    DecisionAction.PROMOTE: control_pb2.DECISION_ACTION_PROMOTE,
+    DecisionAction.ABORT: control_pb2.DECISION_ACTION_ABORT,
+}
+
+
+class WallClock:
+    """Maps readings of an injected (monotonic) clock to wall-clock epoch seconds."""
+
+    def __init__(self, clock: Clock, wall_now: Callable[[], float] = time.time) -> None:
+        self._clock = clock
+        self._offset = wall_now() - clock.now()
+
+    def wall(self, reading: float) -> float:
+        """The wall time of a reading of the injected clock."""
+        return reading + self._offset
+
+    def now(self) -> float:
+        return self.wall(self._clock.now())
+
+
+def timestamp(wall_s: float) -> timestamp_pb2.Timestamp:
+    ts = timestamp_pb2.Timestamp()
+    ts.FromNanoseconds(round(wall_s * 1e9))
+    return ts
+
+
+def duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(round(seconds * 1e9))
+    return d
+
+
+def member_to_pb(member: Member, wall: WallClock) -> control_pb2.FleetMember:
+    return control_pb2.FleetMember(
+        replica=member.descriptor,
+        load=member.effective_load(),
+        lease_expires_at=timestamp(wall.wall(member.lease_expires_at)),
+        registered_at=timestamp(wall.wall(member.registered_at)),
+    )
+
+
+def gateway_to_pb(report: GatewayReport, wall: WallClock) -> control_pb2.GatewayStatus:
+    return control_pb2.GatewayStatus(
+        gateway_id=report.gateway_id,
+        last_report_at=timestamp(wall.wall(report.last_report_at)),
+        concurrency_limit=report.concurrency_limit,
+        inflight=report.inflight,
+        cost_models=list(report.cost_models),
+    )
+
+
+def policy_to_pb(policy: dict[str, Any]) -> control_pb2.RolloutPolicy:
+    """A stored policy (the proto's JSON mapping) as a message; unknown keys are ignored."""
+    return json_format.ParseDict(policy, control_pb2.RolloutPolicy(), ignore_unknown_fields=True)
+
+
+def policy_from_pb(policy: control_pb2.RolloutPolicy) -> dict[str, Any]:
+    """A policy message in its JSON mapping, for the store."""
+    return json_format.MessageToDict(policy, preserving_proto_field_name=True)
+
+
+def rollout_to_pb(r: RolloutRecord) -> control_pb2.Rollout:
+    return control_pb2.Rollout(
+        id=r.id,
+        model=r.model,
+        baseline_version=r.baseline_version,
+        canary_version=r.canary_version,
+        step_percents=list(r.step_percents),
+        step_index=r.step_index,
+        canary_weight_bp=r.canary_weight_bp,
+        state=_ROLLOUT_STATE[r.state],
+        policy=policy_to_pb(r.policy),
+        started_at=timestamp(r.started_at),
+        updated_at=timestamp(r.updated_at),
+    )
+
+
+def arm_to_pb(arm: ArmSnapshot) -> control_pb2.ArmMetrics:
+    return control_pb2.ArmMetrics(
+        version=arm.version,
+        requests=arm.requests,
+        errors=arm.errors,
+        shed=arm.shed,
+        error_rate=arm.error_rate,
+        p50=duration(arm.p50_s),
+        p95=duration(arm.p95_s),
+    )
+
+
+def decision_to_pb(d: DecisionRecord) -> control_pb2.RolloutDecision:
+    out = control_pb2.RolloutDecision(
+        id=d.id,
+        rollout_id=d.rollout_id,
+        model=d.model,
+        action=_ACTION[d.action],
+        reason=d.reason,
+        from_percent=d.from_percent,
+        to_percent=d.to_percent,
+        decided_at=timestamp(d.decided_at),
+    )
+    if d.baseline is not None:
+        out.baseline.CopyFrom(arm_to_pb(d.baseline))
+    if d.canary is not None:
+        out.canary.CopyFrom(arm_to_pb(d.canary))
+    return out
+
+
+def version_outcomes_to_pb(w: VersionOutcomes) -> control_pb2.VersionOutcomes:
+    """A (model, version) rolling window as GetState shows it."""
+    answered = w.latency.count > 0
+    return control_pb2.VersionOutcomes(
+        model=w.model,
+        metrics=control_pb2.ArmMetrics(
+            version=w.version,
+            requests=w.requests,
+            errors=w.error,
+            shed=w.shed,
+            error_rate=w.error_rate,
+            p50=duration(w.latency.quantile(0.50)) if answered else None,
+            p95=duration(w.latency.quantile(0.95)) if answered else None,
+        ),
+    )

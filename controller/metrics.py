@@ -1,0 +1,75 @@
+"""The controller's domain metrics (``halcyon_controller_*``), on the host's registry.
+
+What it decides: names, types and labels. Labels have small fixed domains: ``kind`` is one of
+ok / error / shed / late; ``model`` and ``version`` come from the fleet's configured models.
+Replica gauges are rebuilt from the registry on every membership change, so a (model, version)
+whose last replica left disappears instead of lingering at its old value.
+"""
+
+from __future__ import annotations
+
+from collections import Counter as Tally
+from collections.abc import Iterable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from controller.outcomes import KIND_NAMES
+from controller.registry import Member
+
+__all__ = ["ControllerMetrics"]
+
+
+class ControllerMetrics:
+    """Every controller metric, registered on one registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.replicas = Gauge(
+            "halcyon_controller_replicas",
+            "Registered replicas by model and version",
+            ["model", "version"],
+            registry=r,
+        )
+        self.registrations = Counter(
+            "halcyon_controller_registrations",
+            "Accepted worker registrations (re-registrations included)",
+            registry=r,
+        )
+        self.lease_expirations = Counter(
+            "halcyon_controller_lease_expirations",
+            "Members removed because their lease lapsed without a heartbeat",
+            registry=r,
+        )
+        self.outcomes = Counter(
+            "halcyon_controller_outcomes",
+            "Request outcomes reported by gateways, by how they ended",
+            ["kind"],
+            registry=r,
+        )
+        self.fleet_watchers = Gauge(
+            "halcyon_controller_fleet_watchers",
+            "Open WatchFleet streams",
+            registry=r,
+        )
+        self.fleet_generation = Gauge(
+            "halcyon_controller_fleet_generation",
+            "Generation of the latest fleet snapshot",
+            registry=r,
+        )
+        for kind in KIND_NAMES.values():
+            self.outcomes.labels(kind=kind)
+        self._replica_labels: set[tuple[str, str]] = set()
+
+    def set_members(self, members: Iterable[Member]) -> None:
+        tally = Tally((m.descriptor.model, m.descriptor.version) for m in members)
+        for gone in self._replica_labels - set(tally):
+            self.replicas.remove(*gone)
+        for (model, version), n in tally.items():
+            self.replicas.labels(model=model, version=version).set(n)
+        self._replica_labels = set(tally)
+
+    def count_outcomes(self, by_kind: Mapping[str, int]) -> None:
+        for kind, n in by_kind.items():
+            if n:
+                self.outcomes.labels(kind=kind).inc(n)

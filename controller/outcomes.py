@@ -1,0 +1,292 @@
+"""Outcome evidence from the gateways: what happened to requests of each (model, version).
+
+What it decides: how ``ReportOutcomes`` reports are validated and summarised. Per (model,
+version) it counts requests by how they ended (ok / error / shed / late) and keeps a latency
+histogram of the *answered* ones (ok and late: errors and shed requests have no meaningful
+latency and must not make an arm look fast), plus batch counts, over a rolling window of
+``window_s`` seconds made of ``slots`` time slots. Per gateway it keeps the latest status
+(report time, adaptive concurrency limit, in-flight requests, learned cost models) for
+GetState, forgetting gateways silent for longer than ``gateway_ttl_s``.
+
+Every request is counted once with its own kind — a failed batch of 8 is 8 errors, and shed
+requests count against the version they were assigned to (defect 4 of the original). The
+rollout controller reads :meth:`OutcomeAggregator.window` and calls
+:meth:`OutcomeAggregator.reset` when a rollout starts, so pre-rollout traffic is never judged
+(defect 3).
+
+A report is validated as a whole before any of it is counted: a malformed outcome rejects the
+report (the field path says which) instead of silently skewing the evidence. Pure and
+clock-injected.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from google.protobuf import duration_pb2
+
+from common.clock import Clock
+from common.histogram import LatencyHistogram
+from halcyon.v1 import control_pb2, fleet_pb2
+
+__all__ = [
+    "KIND_NAMES",
+    "GatewayReport",
+    "InvalidReport",
+    "OutcomeAggregator",
+    "VersionOutcomes",
+]
+
+Kind = control_pb2.RequestOutcomeKind
+# Small fixed label domain for metrics and summaries.
+KIND_NAMES: dict[int, str] = {
+    Kind.REQUEST_OUTCOME_KIND_OK: "ok",
+    Kind.REQUEST_OUTCOME_KIND_ERROR: "error",
+    Kind.REQUEST_OUTCOME_KIND_SHED: "shed",
+    Kind.REQUEST_OUTCOME_KIND_LATE: "late",
+}
+_ANSWERED = (Kind.REQUEST_OUTCOME_KIND_OK, Kind.REQUEST_OUTCOME_KIND_LATE)
+
+
+class InvalidReport(ValueError):
+    """A report that cannot be counted; ``field`` is the path of the offending field."""
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}")
+        self.field = field
+        self.description = description
+
+
+@dataclass
+class _Cell:
+    """Counts for one (model, version) in one time slot."""
+
+    ok: int = 0
+    error: int = 0
+    shed: int = 0
+    late: int = 0
+    batches: int = 0
+    failed_batches: int = 0
+    latency: LatencyHistogram = field(default_factory=LatencyHistogram)
+
+    def add(self, other: _Cell) -> None:
+        self.ok += other.ok
+        self.error += other.error
+        self.shed += other.shed
+        self.late += other.late
+        self.batches += other.batches
+        self.failed_batches += other.failed_batches
+        self.latency.merge(other.latency)
+
+
+@dataclass(frozen=True)
+class VersionOutcomes:
+    """One (model, version) over the current window."""
+
+    model: str
+    version: str
+    ok: int
+    error: int
+    shed: int
+    late: int
+    batches: int
+    failed_batches: int
+    latency: LatencyHistogram  # answered requests only; a private copy
+
+    @property
+    def requests(self) -> int:
+        return self.ok + self.error + self.shed + self.late
+
+    @property
+    def error_rate(self) -> float:
+        """(errors + shed) / requests; 0.0 with no requests."""
+        return (self.error + self.shed) / self.requests if self.requests else 0.0
+
+
+@dataclass(frozen=True)
+class GatewayReport:
+    """The latest status a gateway reported. ``last_report_at`` is an injected-clock reading."""
+
+    gateway_id: str
+    last_report_at: float
+    concurrency_limit: int
+    inflight: int
+    cost_models: tuple[fleet_pb2.CostModel, ...]
+    reports: int
+
+
+def _duration_s(d: duration_pb2.Duration) -> float:
+    return float(d.seconds) + float(d.nanos) / 1e9
+
+
+def validate_report(report: control_pb2.ReportOutcomesRequest) -> None:
+    """Raise :class:`InvalidReport` naming the first field that cannot be counted."""
+    if not report.gateway_id.strip():
+        raise InvalidReport("gateway_id", "must not be empty")
+    for i, outcome in enumerate(report.requests):
+        path = f"requests[{i}]"
+        if not outcome.model:
+            raise InvalidReport(f"{path}.model", "must not be empty")
+        if not outcome.version:
+            raise InvalidReport(f"{path}.version", "must not be empty")
+        if outcome.kind not in KIND_NAMES:
+            raise InvalidReport(
+                f"{path}.kind", f"must be OK, ERROR, SHED or LATE, got {outcome.kind}"
+            )
+        latency = _duration_s(outcome.latency)
+        if not (math.isfinite(latency) and latency >= 0.0):
+            raise InvalidReport(f"{path}.latency", f"must be >= 0, got {latency}")
+    for i, batch in enumerate(report.batches):
+        path = f"batches[{i}]"
+        if not batch.model:
+            raise InvalidReport(f"{path}.model", "must not be empty")
+        if not batch.version:
+            raise InvalidReport(f"{path}.version", "must not be empty")
+
+
+class OutcomeAggregator:
+    """Rolling per-(model, version) outcome counts and latencies; latest status per gateway."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        *,
+        window_s: float = 60.0,
+        slots: int = 6,
+        gateway_ttl_s: float = 60.0,
+        max_series: int = 1024,
+    ) -> None:
+        if not (math.isfinite(window_s) and window_s > 0.0):
+            raise ValueError(f"window_s must be positive and finite, got {window_s}")
+        if slots < 1:
+            raise ValueError(f"need at least one slot, got {slots}")
+        if not gateway_ttl_s > 0.0:
+            raise ValueError(f"gateway_ttl_s must be positive, got {gateway_ttl_s}")
+        self._clock = clock
+        self._window_s = float(window_s)
+        self._slots = slots
+        self._width = self._window_s / slots
+        self._gateway_ttl_s = float(gateway_ttl_s)
+        self._max_series = max_series
+        # epoch -> (model, version) -> cell; at most `slots` epochs are live.
+        self._ring: dict[int, dict[tuple[str, str], _Cell]] = {}
+        self._gateways: dict[str, GatewayReport] = {}
+        self.reports_total = 0
+        # Outcomes of series beyond max_series (a misbehaving gateway inventing names).
+        self.dropped_outcomes = 0
+
+    @property
+    def window_s(self) -> float:
+        return self._window_s
+
+    def _epoch(self) -> int:
+        return math.floor(self._clock.now() / self._width)
+
+    def _live(self) -> dict[int, dict[tuple[str, str], _Cell]]:
+        oldest = self._epoch() - self._slots + 1
+        for epoch in [e for e in self._ring if e < oldest]:
+            del self._ring[epoch]
+        return self._ring
+
+    def _series(self) -> set[tuple[str, str]]:
+        return {key for cells in self._live().values() for key in cells}
+
+    # -- ingest -------------------------------------------------------------------------------
+
+    def ingest(self, report: control_pb2.ReportOutcomesRequest) -> dict[str, int]:
+        """Validate and count one report; returns request counts by kind name.
+
+        Raises :class:`InvalidReport` (and counts nothing) if any part is malformed.
+        """
+        validate_report(report)
+        now = self._clock.now()
+        live = self._live()
+        cells = live.setdefault(self._epoch(), {})
+        known = self._series()
+        counted = dict.fromkeys(KIND_NAMES.values(), 0)
+
+        def cell(model: str, version: str) -> _Cell | None:
+            key = (model, version)
+            found = cells.get(key)
+            if found is not None:
+                return found
+            if key not in known and len(known) >= self._max_series:
+                return None
+            known.add(key)
+            return cells.setdefault(key, _Cell())
+
+        for outcome in report.requests:
+            target = cell(outcome.model, outcome.version)
+            if target is None:
+                self.dropped_outcomes += 1
+                continue
+            name = KIND_NAMES[outcome.kind]
+            setattr(target, name, getattr(target, name) + 1)
+            counted[name] += 1
+            if outcome.kind in _ANSWERED:
+                target.latency.record(_duration_s(outcome.latency))
+        for batch in report.batches:
+            target = cell(batch.model, batch.version)
+            if target is None:
+                self.dropped_outcomes += 1
+                continue
+            target.batches += 1
+            if not batch.ok:
+                target.failed_batches += 1
+
+        previous = self._gateways.get(report.gateway_id)
+        self._gateways[report.gateway_id] = GatewayReport(
+            gateway_id=report.gateway_id,
+            last_report_at=now,
+            concurrency_limit=report.concurrency_limit,
+            inflight=report.inflight,
+            cost_models=tuple(_copy_cost(c) for c in report.cost_models),
+            reports=(previous.reports if previous else 0) + 1,
+        )
+        self.reports_total += 1
+        return counted
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def window(self, model: str, version: str) -> VersionOutcomes:
+        """Outcomes of ``(model, version)`` over the live window (zeros if none)."""
+        total = _Cell()
+        for cells in self._live().values():
+            found = cells.get((model, version))
+            if found is not None:
+                total.add(found)
+        return VersionOutcomes(
+            model=model,
+            version=version,
+            ok=total.ok,
+            error=total.error,
+            shed=total.shed,
+            late=total.late,
+            batches=total.batches,
+            failed_batches=total.failed_batches,
+            latency=total.latency,
+        )
+
+    def windows(self) -> list[VersionOutcomes]:
+        """Every (model, version) with outcomes in the live window, in name order."""
+        return [self.window(m, v) for m, v in sorted(self._series())]
+
+    def reset(self, model: str | None = None) -> None:
+        """Forget the window of ``model`` (all models if None): a rollout starts afresh."""
+        for cells in self._ring.values():
+            for key in [k for k in cells if model is None or k[0] == model]:
+                del cells[key]
+
+    def gateways(self) -> list[GatewayReport]:
+        """Gateways that reported within ``gateway_ttl_s``, by id; older ones are forgotten."""
+        horizon = self._clock.now() - self._gateway_ttl_s
+        for gateway_id in [g for g, r in self._gateways.items() if r.last_report_at < horizon]:
+            del self._gateways[gateway_id]
+        return [self._gateways[g] for g in sorted(self._gateways)]
+
+
+def _copy_cost(cost: fleet_pb2.CostModel) -> fleet_pb2.CostModel:
+    out = fleet_pb2.CostModel()
+    out.CopyFrom(cost)
+    return out

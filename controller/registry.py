@@ -1,0 +1,249 @@
+"""Fleet membership by lease: who is in the fleet right now, and when that changed.
+
+What it decides: a replica is a fleet member from the moment it registers until its session
+ends (``remove``) or its lease lapses (no heartbeat within ``lease_ttl_s``; ``expire``). A
+re-registration of the same ``replica_id`` replaces the old member and starts a new *session*;
+calls that name an older session (a late heartbeat or the close of a superseded stream) are
+ignored, so a replaced stream can never remove or renew its successor.
+
+Why leases and not "stream open": a half-open TCP connection can keep a stream looking alive
+for minutes; a lease makes a silent worker leave within ``lease_ttl_s`` (plus the sweep
+period). A heartbeat that arrives after the lease lapsed does not revive the member — it is
+expired on the spot and the worker must register again — so "a member is present iff its lease
+is fresh and it was not removed" holds whenever ``expire`` has run.
+
+``generation`` increases on every change gateways must see: a member joining, leaving or
+being replaced, and a change of its ``draining`` state (reported by the worker or requested
+by an operator). Busy-slot and batch counters ride along with heartbeats and are kept for
+operators (GetState) but do not bump the generation: each gateway measures its own in-flight
+work better than a once-a-second heartbeat could, and bumping on every heartbeat would push a
+fleet snapshot to every gateway every second per replica.
+
+Pure and clock-injected: no I/O, no gRPC; the servicer maps the exceptions to statuses.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+
+from common.clock import Clock
+from halcyon.v1 import fleet_pb2
+
+__all__ = [
+    "FleetRegistry",
+    "InvalidDescriptor",
+    "LeaseExpired",
+    "Member",
+    "UnknownMember",
+    "validate_descriptor",
+]
+
+
+class InvalidDescriptor(ValueError):
+    """A registration that names no replica, no address, … (``field`` is the descriptor field)."""
+
+    def __init__(self, field: str, description: str) -> None:
+        super().__init__(f"{field}: {description}")
+        self.field = field
+        self.description = description
+
+
+class UnknownMember(LookupError):
+    """The replica (or that session of it) is not a fleet member."""
+
+
+class LeaseExpired(Exception):
+    """A heartbeat arrived after the lease lapsed; the member was expired and must re-register."""
+
+    def __init__(self, member: Member) -> None:
+        super().__init__(f"lease of replica {member.replica_id!r} expired")
+        self.member = member
+
+
+@dataclass(frozen=True)
+class Member:
+    """One fleet member as the registry holds it. Times are readings of the injected clock."""
+
+    descriptor: fleet_pb2.ReplicaDescriptor
+    load: fleet_pb2.ReplicaLoad
+    session: int
+    registered_at: float
+    lease_expires_at: float
+    drain_requested: bool = False
+
+    @property
+    def replica_id(self) -> str:
+        return self.descriptor.replica_id
+
+    @property
+    def draining(self) -> bool:
+        """Draining as gateways must treat it: reported by the worker or asked by an operator."""
+        return self.load.draining or self.drain_requested
+
+    def effective_load(self) -> fleet_pb2.ReplicaLoad:
+        """The last reported load with ``draining`` as gateways must see it."""
+        load = fleet_pb2.ReplicaLoad()
+        load.CopyFrom(self.load)
+        load.draining = self.draining
+        return load
+
+
+def validate_descriptor(descriptor: fleet_pb2.ReplicaDescriptor) -> None:
+    """Raise :class:`InvalidDescriptor` for a registration no gateway could route to."""
+    if not descriptor.replica_id.strip():
+        raise InvalidDescriptor("replica_id", "must not be empty")
+    address = descriptor.address
+    if not address.strip():
+        raise InvalidDescriptor("address", "must not be empty (host:port of the WorkerService)")
+    if any(c.isspace() for c in address):
+        raise InvalidDescriptor("address", f"must not contain whitespace, got {address!r}")
+    if not descriptor.model.strip():
+        raise InvalidDescriptor("model", "must not be empty")
+    if not descriptor.version.strip():
+        raise InvalidDescriptor("version", "must not be empty")
+    if descriptor.slots == 0:
+        raise InvalidDescriptor("slots", "must be at least 1 (batches executed concurrently)")
+    if not (math.isfinite(descriptor.speed) and descriptor.speed > 0.0):
+        raise InvalidDescriptor(
+            "speed", f"must be a positive finite number (1.0 = reference), got {descriptor.speed}"
+        )
+
+
+class FleetRegistry:
+    """Fleet members keyed by replica id, each held by a lease of ``lease_ttl_s`` seconds."""
+
+    def __init__(self, clock: Clock, lease_ttl_s: float) -> None:
+        if not (math.isfinite(lease_ttl_s) and lease_ttl_s > 0.0):
+            raise ValueError(f"lease_ttl_s must be positive and finite, got {lease_ttl_s}")
+        self._clock = clock
+        self._ttl = float(lease_ttl_s)
+        self._members: dict[str, Member] = {}
+        self._next_session = 1
+        self._generation = 0
+
+    @property
+    def lease_ttl_s(self) -> float:
+        return self._ttl
+
+    @property
+    def generation(self) -> int:
+        """Increases on every change gateways must see (see the module docstring)."""
+        return self._generation
+
+    def _bump(self) -> None:
+        self._generation += 1
+
+    # -- changes ------------------------------------------------------------------------------
+
+    def register(self, descriptor: fleet_pb2.ReplicaDescriptor) -> tuple[Member, Member | None]:
+        """Admit a replica (replacing any member with the same id) with a fresh lease.
+
+        Returns ``(new member, replaced member or None)``. Raises :class:`InvalidDescriptor`.
+        """
+        validate_descriptor(descriptor)
+        now = self._clock.now()
+        stored = fleet_pb2.ReplicaDescriptor()
+        stored.CopyFrom(descriptor)
+        member = Member(
+            descriptor=stored,
+            load=fleet_pb2.ReplicaLoad(),
+            session=self._next_session,
+            registered_at=now,
+            lease_expires_at=now + self._ttl,
+        )
+        self._next_session += 1
+        replaced = self._members.get(member.replica_id)
+        self._members[member.replica_id] = member
+        self._bump()
+        return member, replaced
+
+    def heartbeat(
+        self, replica_id: str, load: fleet_pb2.ReplicaLoad, session: int | None = None
+    ) -> Member:
+        """Renew the lease and record the load.
+
+        Raises :class:`UnknownMember` if the replica (or that session) is not a member, and
+        :class:`LeaseExpired` (after expiring it) if its lease had already lapsed.
+        """
+        member = self._current(replica_id, session)
+        now = self._clock.now()
+        if member.lease_expires_at <= now:
+            del self._members[replica_id]
+            self._bump()
+            raise LeaseExpired(member)
+        stored = fleet_pb2.ReplicaLoad()
+        stored.CopyFrom(load)
+        renewed = replace(member, load=stored, lease_expires_at=now + self._ttl)
+        self._members[replica_id] = renewed
+        if renewed.draining != member.draining:
+            self._bump()
+        return renewed
+
+    def request_drain(self, replica_id: str) -> Member:
+        """Mark a member draining at once (an operator asked), until it re-registers."""
+        member = self._current(replica_id, None)
+        if member.drain_requested:
+            return member
+        drained = replace(member, drain_requested=True)
+        self._members[replica_id] = drained
+        if drained.draining != member.draining:
+            self._bump()
+        return drained
+
+    def remove(self, replica_id: str, session: int | None = None) -> Member | None:
+        """End a membership (its session closed). Returns the member, or None if it was not one.
+
+        With ``session``, only that session of the replica is removed: the close of a stream
+        that was superseded by a re-registration leaves the new member alone.
+        """
+        member = self._members.get(replica_id)
+        if member is None or (session is not None and member.session != session):
+            return None
+        del self._members[replica_id]
+        self._bump()
+        return member
+
+    def expire(self, now: float | None = None) -> list[Member]:
+        """Drop and return every member whose lease lapsed at or before ``now`` (default: now)."""
+        at = self._clock.now() if now is None else now
+        lapsed = [m for m in self._members.values() if m.lease_expires_at <= at]
+        for member in lapsed:
+            del self._members[member.replica_id]
+        if lapsed:
+            self._bump()
+        return sorted(lapsed, key=lambda m: m.replica_id)
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _current(self, replica_id: str, session: int | None) -> Member:
+        member = self._members.get(replica_id)
+        if member is None or (session is not None and member.session != session):
+            raise UnknownMember(f"replica {replica_id!r} is not a fleet member")
+        return member
+
+    def get(self, replica_id: str) -> Member | None:
+        return self._members.get(replica_id)
+
+    def is_current(self, replica_id: str, session: int) -> bool:
+        """Whether ``session`` is the live session of ``replica_id``."""
+        member = self._members.get(replica_id)
+        return member is not None and member.session == session
+
+    def members(self) -> list[Member]:
+        """Members ordered by replica id (leases lapse only when ``expire`` runs)."""
+        return [self._members[k] for k in sorted(self._members)]
+
+    def __len__(self) -> int:
+        return len(self._members)
+
+    def __iter__(self) -> Iterator[Member]:
+        return iter(self.members())
+
+    def versions_by_model(self) -> dict[str, set[str]]:
+        """The versions registered for each model."""
+        out: dict[str, set[str]] = {}
+        for member in self._members.values():
+            out.setdefault(member.descriptor.model, set()).add(member.descriptor.version)
+        return out

@@ -1,0 +1,543 @@
+"""The controller's durable state: one SQLite file (stdlib ``sqlite3``, WAL journal).
+
+What it keeps: rollouts and every rollout decision with the arm metrics behind it (so "why did
+the canary roll back at 02:14?" has an answer after the fact, and rollouts survive a restart),
+the persisted stable versions (see :mod:`controller.stable_versions`), and the fleet's history
+(replicas registered / expired / removed / drained, with wall-clock timestamps).
+
+How the schema evolves: ``schema_version`` holds one row with the version the file is at;
+:data:`MIGRATIONS` is an append-only list of forward steps, each applied in its own
+transaction together with the version bump, so a crash mid-migration leaves the file at the
+previous version and reopening finishes the job. Opening a file at the current version changes
+nothing; a file written by a newer Halcyon (a version this code does not know) is refused
+rather than misread.
+
+Threading: every method is short and takes one lock, and the connection may be used from any
+thread, so async callers run writes via ``asyncio.to_thread`` (see
+:mod:`controller.event_writer`) and keep them off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field, replace
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+from controller.stable_versions import Reconciliation, StableRecord, StableSource
+
+__all__ = [
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "ArmSnapshot",
+    "ControllerStore",
+    "DecisionAction",
+    "DecisionRecord",
+    "FleetEvent",
+    "FleetEventKind",
+    "RolloutRecord",
+    "RolloutStatus",
+    "StoreError",
+]
+
+
+class StoreError(RuntimeError):
+    """The store file cannot be used (newer schema, corrupt, …)."""
+
+
+class RolloutStatus(StrEnum):
+    PROGRESSING = "progressing"
+    PROMOTED = "promoted"
+    ROLLED_BACK = "rolled_back"
+    ABORTED = "aborted"
+
+
+class DecisionAction(StrEnum):
+    START = "start"
+    ADVANCE = "advance"
+    HOLD = "hold"
+    ROLLBACK = "rollback"
+    PROMOTE = "promote"
+    ABORT = "abort"
+
+
+class FleetEventKind(StrEnum):
+    REGISTERED = "registered"
+    EXPIRED = "expired"
+    REMOVED = "removed"
+    DRAINED = "drained"
+
+
+@dataclass(frozen=True)
+class ArmSnapshot:
+    """One arm's metrics over an analysis window (stored as JSON with its decision)."""
+
+    version: str
+    requests: int = 0
+    errors: int = 0
+    shed: int = 0
+    error_rate: float = 0.0
+    p50_s: float = 0.0
+    p95_s: float = 0.0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> ArmSnapshot | None:
+        if text is None:
+            return None
+        data = json.loads(text)
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class RolloutRecord:
+    """A rollout as stored. ``id`` is 0 until inserted. Times are wall-clock epoch seconds."""
+
+    model: str
+    baseline_version: str
+    canary_version: str
+    step_percents: tuple[float, ...]
+    state: RolloutStatus
+    started_at: float
+    updated_at: float
+    step_index: int = 0
+    canary_weight_bp: int = 0
+    policy: dict[str, Any] = field(default_factory=dict)
+    id: int = 0
+
+
+@dataclass(frozen=True)
+class DecisionRecord:
+    """A rollout decision and the evidence behind it. ``id`` is 0 until inserted."""
+
+    rollout_id: int
+    model: str
+    action: DecisionAction
+    reason: str
+    from_percent: float
+    to_percent: float
+    decided_at: float
+    baseline: ArmSnapshot | None = None
+    canary: ArmSnapshot | None = None
+    id: int = 0
+
+
+@dataclass(frozen=True)
+class FleetEvent:
+    """A change of fleet membership. ``at`` is wall-clock epoch seconds."""
+
+    at: float
+    kind: FleetEventKind
+    replica_id: str
+    model: str = ""
+    version: str = ""
+    address: str = ""
+    detail: str = ""
+    id: int = 0
+
+
+# Append-only: never edit a released step, add a new one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    # 1: the initial schema.
+    (
+        """CREATE TABLE rollouts (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            model TEXT NOT NULL,
+            baseline_version TEXT NOT NULL,
+            canary_version TEXT NOT NULL,
+            step_percents TEXT NOT NULL,
+            step_index INTEGER NOT NULL,
+            canary_weight_bp INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            policy TEXT NOT NULL,
+            started_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE rollout_decisions (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            rollout_id INTEGER NOT NULL REFERENCES rollouts(id),
+            model TEXT NOT NULL,
+            action TEXT NOT NULL,
+            reason TEXT NOT NULL,
+            from_percent REAL NOT NULL,
+            to_percent REAL NOT NULL,
+            baseline_metrics TEXT,
+            canary_metrics TEXT,
+            decided_at REAL NOT NULL
+        )""",
+        """CREATE TABLE stable_versions (
+            model TEXT PRIMARY KEY,
+            version TEXT NOT NULL,
+            source TEXT NOT NULL,
+            config_version TEXT,
+            updated_at REAL NOT NULL
+        )""",
+        """CREATE TABLE fleet_events (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            at REAL NOT NULL,
+            kind TEXT NOT NULL,
+            replica_id TEXT NOT NULL,
+            model TEXT NOT NULL,
+            version TEXT NOT NULL,
+            address TEXT NOT NULL,
+            detail TEXT NOT NULL
+        )""",
+    ),
+    # 2: indexes for the per-model and per-replica queries.
+    (
+        "CREATE INDEX rollouts_by_model ON rollouts(model, id)",
+        "CREATE INDEX decisions_by_model ON rollout_decisions(model, id)",
+        "CREATE INDEX decisions_by_rollout ON rollout_decisions(rollout_id, id)",
+        "CREATE INDEX fleet_events_by_replica ON fleet_events(replica_id, id)",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+class ControllerStore:
+    """The controller's SQLite store. Open with a path; ``close()`` (or ``with``) when done."""
+
+    def __init__(self, path: str | Path, *, target_version: int = SCHEMA_VERSION) -> None:
+        """Open (creating if needed) and migrate forward to ``target_version``.
+
+        ``target_version`` exists for migration tests; servers use the default.
+        """
+        if not 0 <= target_version <= SCHEMA_VERSION:
+            raise ValueError(f"target_version must be in [0, {SCHEMA_VERSION}]")
+        self._path = str(path)
+        self._lock = threading.RLock()
+        try:
+            self._db = sqlite3.connect(
+                self._path, isolation_level=None, check_same_thread=False, timeout=5.0
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"cannot open store {self._path}: {exc}") from exc
+        try:
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute("PRAGMA foreign_keys=ON")
+            self._migrate(target_version)
+        except sqlite3.DatabaseError as exc:
+            self._db.close()
+            raise StoreError(f"cannot use store {self._path}: {exc}") from exc
+        except BaseException:
+            self._db.close()
+            raise
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    @property
+    def path(self) -> str:
+        return self._path
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    def __enter__(self) -> ControllerStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return list(self._db.execute(sql, params))
+
+    # -- schema -------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        rows = self._query("SELECT version FROM schema_version")
+        return int(rows[0][0])
+
+    def _migrate(self, target: int) -> None:
+        with self._transaction() as db:
+            db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
+            rows = list(db.execute("SELECT version FROM schema_version"))
+            if len(rows) > 1:
+                raise StoreError(f"store {self._path}: schema_version has {len(rows)} rows")
+            if not rows:
+                db.execute("INSERT INTO schema_version (version) VALUES (0)")
+            current = int(rows[0][0]) if rows else 0
+        if current > SCHEMA_VERSION:
+            raise StoreError(
+                f"store {self._path} is at schema version {current}, newer than this "
+                f"controller understands ({SCHEMA_VERSION}); upgrade Halcyon or use another --db"
+            )
+        for version in range(current + 1, target + 1):
+            with self._transaction() as db:
+                # Re-check inside the transaction: another process may have migrated already.
+                (now_at,) = next(iter(db.execute("SELECT version FROM schema_version")))
+                if int(now_at) >= version:
+                    continue
+                for statement in MIGRATIONS[version - 1]:
+                    db.execute(statement)
+                db.execute("UPDATE schema_version SET version = ?", (version,))
+
+    def tables(self) -> set[str]:
+        rows = self._query("SELECT name FROM sqlite_master WHERE type = 'table'")
+        return {str(r[0]) for r in rows} - {"sqlite_sequence"}
+
+    # -- rollouts -----------------------------------------------------------------------------
+
+    _ROLLOUT_COLUMNS = (
+        "id, model, baseline_version, canary_version, step_percents, step_index, "
+        "canary_weight_bp, state, policy, started_at, updated_at"
+    )
+
+    @staticmethod
+    def _rollout_row(r: RolloutRecord) -> tuple[Any, ...]:
+        steps = [float(p) for p in r.step_percents]
+        if not all(math.isfinite(p) for p in steps):
+            raise ValueError("step_percents must be finite")
+        return (
+            r.model,
+            r.baseline_version,
+            r.canary_version,
+            json.dumps(steps),
+            r.step_index,
+            r.canary_weight_bp,
+            str(RolloutStatus(r.state)),
+            json.dumps(r.policy, sort_keys=True),
+            r.started_at,
+            r.updated_at,
+        )
+
+    @staticmethod
+    def _rollout_from(row: tuple[Any, ...]) -> RolloutRecord:
+        return RolloutRecord(
+            id=int(row[0]),
+            model=row[1],
+            baseline_version=row[2],
+            canary_version=row[3],
+            step_percents=tuple(float(p) for p in json.loads(row[4])),
+            step_index=int(row[5]),
+            canary_weight_bp=int(row[6]),
+            state=RolloutStatus(row[7]),
+            policy=json.loads(row[8]),
+            started_at=float(row[9]),
+            updated_at=float(row[10]),
+        )
+
+    def insert_rollout(self, rollout: RolloutRecord) -> RolloutRecord:
+        """Store a new rollout; returns it with its assigned id."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT INTO rollouts (model, baseline_version, canary_version, step_percents, "
+                "step_index, canary_weight_bp, state, policy, started_at, updated_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                self._rollout_row(rollout),
+            )
+            assert cur.lastrowid is not None
+            return replace(rollout, id=int(cur.lastrowid))
+
+    def update_rollout(self, rollout: RolloutRecord) -> None:
+        """Overwrite a stored rollout (by id). Raises KeyError if there is none."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "UPDATE rollouts SET model = ?, baseline_version = ?, canary_version = ?, "
+                "step_percents = ?, step_index = ?, canary_weight_bp = ?, state = ?, policy = ?, "
+                "started_at = ?, updated_at = ? WHERE id = ?",
+                (*self._rollout_row(rollout), rollout.id),
+            )
+            if cur.rowcount != 1:
+                raise KeyError(f"no rollout with id {rollout.id}")
+
+    def get_rollout(self, rollout_id: int) -> RolloutRecord | None:
+        rows = self._query(
+            f"SELECT {self._ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
+        )
+        return self._rollout_from(rows[0]) if rows else None
+
+    def list_rollouts(
+        self, model: str | None = None, states: Iterable[RolloutStatus] | None = None
+    ) -> list[RolloutRecord]:
+        """Rollouts oldest first, optionally of one model and in the given states."""
+        where, params = [], []
+        if model:
+            where.append("model = ?")
+            params.append(model)
+        if states is not None:
+            wanted = [str(RolloutStatus(s)) for s in states]
+            if not wanted:
+                return []
+            where.append(f"state IN ({', '.join('?' for _ in wanted)})")
+            params.extend(wanted)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(
+            f"SELECT {self._ROLLOUT_COLUMNS} FROM rollouts{clause} ORDER BY id", params
+        )
+        return [self._rollout_from(r) for r in rows]
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    def insert_decision(self, decision: DecisionRecord) -> DecisionRecord:
+        """Store a decision (its rollout must exist); returns it with its assigned id."""
+        with self._transaction() as db:
+            cur = db.execute(
+                "INSERT INTO rollout_decisions (rollout_id, model, action, reason, from_percent, "
+                "to_percent, baseline_metrics, canary_metrics, decided_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    decision.rollout_id,
+                    decision.model,
+                    str(DecisionAction(decision.action)),
+                    decision.reason,
+                    decision.from_percent,
+                    decision.to_percent,
+                    decision.baseline.to_json() if decision.baseline else None,
+                    decision.canary.to_json() if decision.canary else None,
+                    decision.decided_at,
+                ),
+            )
+            assert cur.lastrowid is not None
+            return replace(decision, id=int(cur.lastrowid))
+
+    def list_decisions(
+        self, model: str | None = None, *, rollout_id: int | None = None, limit: int = 100
+    ) -> list[DecisionRecord]:
+        """The newest ``limit`` decisions (of a model / rollout if given), oldest first."""
+        if limit <= 0:
+            return []
+        where: list[str] = []
+        params: list[Any] = []
+        if model:
+            where.append("model = ?")
+            params.append(model)
+        if rollout_id is not None:
+            where.append("rollout_id = ?")
+            params.append(rollout_id)
+        clause = f" WHERE {' AND '.join(where)}" if where else ""
+        rows = self._query(
+            "SELECT id, rollout_id, model, action, reason, from_percent, to_percent, "
+            f"baseline_metrics, canary_metrics, decided_at FROM rollout_decisions{clause} "
+            "ORDER BY id DESC LIMIT ?",
+            (*params, limit),
+        )
+        return [
+            DecisionRecord(
+                id=int(r[0]),
+                rollout_id=int(r[1]),
+                model=r[2],
+                action=DecisionAction(r[3]),
+                reason=r[4],
+                from_percent=float(r[5]),
+                to_percent=float(r[6]),
+                baseline=ArmSnapshot.from_json(r[7]),
+                canary=ArmSnapshot.from_json(r[8]),
+                decided_at=float(r[9]),
+            )
+            for r in reversed(rows)
+        ]
+
+    # -- stable versions ----------------------------------------------------------------------
+
+    def stable_versions(self) -> dict[str, StableRecord]:
+        rows = self._query(
+            "SELECT model, version, source, config_version, updated_at FROM stable_versions"
+        )
+        return {r[0]: StableRecord(r[0], r[1], StableSource(r[2]), r[3], float(r[4])) for r in rows}
+
+    def put_stable(self, record: StableRecord) -> None:
+        self.apply_reconciliation(Reconciliation(effective={}, upserts=[record]))
+
+    def apply_reconciliation(self, rec: Reconciliation) -> None:
+        """Write a :func:`controller.stable_versions.reconcile` result in one transaction."""
+        with self._transaction() as db:
+            for model in rec.deletes:
+                db.execute("DELETE FROM stable_versions WHERE model = ?", (model,))
+            for r in rec.upserts:
+                db.execute(
+                    "INSERT INTO stable_versions (model, version, source, config_version, "
+                    "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT(model) DO UPDATE SET "
+                    "version = excluded.version, source = excluded.source, "
+                    "config_version = excluded.config_version, updated_at = excluded.updated_at",
+                    (r.model, r.version, str(r.source), r.config_version, r.updated_at),
+                )
+
+    # -- fleet events -------------------------------------------------------------------------
+
+    def record_fleet_events(self, events: Iterable[FleetEvent]) -> int:
+        """Append fleet events in one transaction; returns how many were written."""
+        rows = [
+            (
+                e.at,
+                str(FleetEventKind(e.kind)),
+                e.replica_id,
+                e.model,
+                e.version,
+                e.address,
+                e.detail,
+            )
+            for e in events
+        ]
+        if not rows:
+            return 0
+        with self._transaction() as db:
+            db.executemany(
+                "INSERT INTO fleet_events (at, kind, replica_id, model, version, address, detail) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
+                rows,
+            )
+        return len(rows)
+
+    def list_fleet_events(
+        self, *, replica_id: str | None = None, limit: int = 100
+    ) -> list[FleetEvent]:
+        """The newest ``limit`` fleet events (of one replica if given), oldest first."""
+        if limit <= 0:
+            return []
+        clause, params = ("WHERE replica_id = ? ", [replica_id]) if replica_id else ("", [])
+        rows = self._query(
+            "SELECT id, at, kind, replica_id, model, version, address, detail FROM fleet_events "
+            f"{clause}ORDER BY id DESC LIMIT ?",
+            (*params, limit),
+        )
+        return [
+            FleetEvent(
+                id=int(r[0]),
+                at=float(r[1]),
+                kind=FleetEventKind(r[2]),
+                replica_id=r[3],
+                model=r[4],
+                version=r[5],
+                address=r[6],
+                detail=r[7],
+            )
+            for r in reversed(rows)
+        ]
+
+    def prune_fleet_events(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` fleet events; returns how many were deleted."""
+        if keep < 0:
+            raise ValueError("keep must be >= 0")
+        with self._transaction() as db:
+            if keep == 0:
+                cur = db.execute("DELETE FROM fleet_events")
+            else:
+                cur = db.execute(
+                    "DELETE FROM fleet_events WHERE id < (SELECT MIN(id) FROM "
+                    "(SELECT id FROM fleet_events ORDER BY id DESC LIMIT ?))",
+                    (keep,),
+                )
+            return int(cur.rowcount)

@@ -1,0 +1,260 @@
+"""FleetRegistry: membership by lease, sessions, and the generation gateways follow."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from common.clock import ManualClock
+from controller.registry import (
+    FleetRegistry,
+    InvalidDescriptor,
+    LeaseExpired,
+    UnknownMember,
+    validate_descriptor,
+)
+from halcyon.v1 import fleet_pb2
+
+TTL = 1.0
+
+
+def desc(replica_id: str = "r1", **kw: object) -> fleet_pb2.ReplicaDescriptor:
+    fields: dict[str, object] = {
+        "replica_id": replica_id,
+        "address": f"127.0.0.1:{5000 + len(replica_id)}",
+        "model": "resnet",
+        "version": "v1",
+        "hardware": "a10g",
+        "slots": 2,
+        "speed": 1.0,
+    }
+    fields.update(kw)
+    return fleet_pb2.ReplicaDescriptor(**fields)  # type: ignore[arg-type]
+
+
+def load(busy: int = 0, draining: bool = False) -> fleet_pb2.ReplicaLoad:
+    return fleet_pb2.ReplicaLoad(busy_slots=busy, draining=draining)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(100.0)
+
+
+@pytest.fixture
+def reg(clock: ManualClock) -> FleetRegistry:
+    return FleetRegistry(clock, TTL)
+
+
+def test_register_then_heartbeat_renews_lease(clock: ManualClock, reg: FleetRegistry) -> None:
+    member, replaced = reg.register(desc())
+    assert replaced is None
+    assert member.lease_expires_at == pytest.approx(101.0)
+    assert [m.replica_id for m in reg.members()] == ["r1"]
+    clock.advance(0.9)
+    renewed = reg.heartbeat("r1", load(busy=1), member.session)
+    assert renewed.lease_expires_at == pytest.approx(101.9)
+    assert renewed.load.busy_slots == 1
+    clock.advance(0.9)  # 101.8: past the first lease, within the renewed one
+    assert reg.expire() == []
+    assert len(reg) == 1
+
+
+def test_lease_lapses_without_heartbeat(clock: ManualClock, reg: FleetRegistry) -> None:
+    reg.register(desc("a"))
+    clock.advance(0.5)
+    reg.register(desc("b"))
+    clock.advance(0.5)  # a's lease ends exactly now: lapsed (expiry is "at or before now")
+    assert [m.replica_id for m in reg.expire()] == ["a"]
+    assert [m.replica_id for m in reg.members()] == ["b"]
+
+
+def test_heartbeat_after_lapse_expires_instead_of_reviving(
+    clock: ManualClock, reg: FleetRegistry
+) -> None:
+    member, _ = reg.register(desc())
+    clock.advance(TTL + 0.01)
+    gen = reg.generation
+    with pytest.raises(LeaseExpired) as info:
+        reg.heartbeat("r1", load(), member.session)
+    assert info.value.member.replica_id == "r1"
+    assert reg.members() == []
+    assert reg.generation > gen
+    with pytest.raises(UnknownMember):
+        reg.heartbeat("r1", load(), member.session)
+
+
+def test_reregister_replaces_and_old_session_cannot_touch_new(reg: FleetRegistry) -> None:
+    old, _ = reg.register(desc(address="10.0.0.1:1"))
+    new, replaced = reg.register(desc(address="10.0.0.2:2"))
+    assert replaced == old
+    assert new.session != old.session
+    assert [m.descriptor.address for m in reg.members()] == ["10.0.0.2:2"]
+    with pytest.raises(UnknownMember):
+        reg.heartbeat("r1", load(), old.session)
+    assert reg.remove("r1", old.session) is None  # the superseded stream closing
+    assert len(reg) == 1
+    assert reg.remove("r1", new.session) == new
+    assert len(reg) == 0
+
+
+def test_registered_descriptor_is_a_copy(reg: FleetRegistry) -> None:
+    d = desc()
+    reg.register(d)
+    d.address = "evil:1"
+    assert reg.members()[0].descriptor.address != "evil:1"
+
+
+@pytest.mark.parametrize(
+    ("field", "override"),
+    [
+        ("replica_id", {"replica_id": ""}),
+        ("replica_id", {"replica_id": "   "}),
+        ("address", {"address": ""}),
+        ("address", {"address": "host :1"}),
+        ("model", {"model": ""}),
+        ("version", {"version": ""}),
+        ("slots", {"slots": 0}),
+        ("speed", {"speed": 0.0}),
+        ("speed", {"speed": float("nan")}),
+    ],
+)
+def test_invalid_registrations_name_the_field(
+    reg: FleetRegistry, field: str, override: dict[str, object]
+) -> None:
+    d = desc()
+    for k, v in override.items():
+        setattr(d, k, v)
+    with pytest.raises(InvalidDescriptor) as info:
+        reg.register(d)
+    assert info.value.field == field
+    assert len(reg) == 0
+    assert reg.generation == 0
+
+
+def test_valid_descriptor_passes() -> None:
+    validate_descriptor(desc())
+
+
+def test_generation_follows_draining_not_busy_slots(reg: FleetRegistry) -> None:
+    reg.register(desc())
+    gen = reg.generation
+    reg.heartbeat("r1", load(busy=2))
+    reg.heartbeat("r1", load(busy=0))
+    assert reg.generation == gen  # counters ride along, no snapshot push
+    reg.heartbeat("r1", load(draining=True))
+    assert reg.generation == gen + 1
+    assert reg.members()[0].draining
+
+
+def test_operator_drain_is_sticky_until_reregistration(reg: FleetRegistry) -> None:
+    reg.register(desc())
+    gen = reg.generation
+    reg.request_drain("r1")
+    assert reg.generation == gen + 1
+    reg.heartbeat("r1", load(draining=False))  # the worker has not seen the command yet
+    assert reg.members()[0].draining
+    assert reg.members()[0].effective_load().draining
+    assert reg.generation == gen + 1
+    reg.request_drain("r1")
+    assert reg.generation == gen + 1
+    reg.register(desc())
+    assert not reg.members()[0].draining
+    with pytest.raises(UnknownMember):
+        reg.request_drain("nobody")
+
+
+def test_versions_by_model(reg: FleetRegistry) -> None:
+    reg.register(desc("a", version="v1"))
+    reg.register(desc("b", version="v2"))
+    reg.register(desc("c", model="bert", version="v7"))
+    assert reg.versions_by_model() == {"resnet": {"v1", "v2"}, "bert": {"v7"}}
+
+
+def test_rejects_bad_ttl(clock: ManualClock) -> None:
+    with pytest.raises(ValueError):
+        FleetRegistry(clock, 0.0)
+
+
+IDS = st.sampled_from(["a", "b", "c"])
+
+
+class RegistryMachine(RuleBasedStateMachine):
+    """The registry against a model: lease expiry times per id, and a gateway-visible view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = ManualClock(0.0)
+        self.reg = FleetRegistry(self.clock, TTL)
+        self.model: dict[str, float] = {}  # id -> lease expiry
+        self.last_view = self.view()
+        self.last_gen = self.reg.generation
+
+    def view(self) -> dict[str, tuple[int, bool]]:
+        return {m.replica_id: (m.session, m.draining) for m in self.reg.members()}
+
+    @rule(replica_id=IDS)
+    def register(self, replica_id: str) -> None:
+        self.reg.register(desc(replica_id))
+        self.model[replica_id] = self.clock.now() + TTL
+
+    @rule(replica_id=IDS, draining=st.booleans(), busy=st.integers(0, 3))
+    def heartbeat(self, replica_id: str, draining: bool, busy: int) -> None:
+        expiry = self.model.get(replica_id)
+        if expiry is None:
+            with pytest.raises(UnknownMember):
+                self.reg.heartbeat(replica_id, load(busy, draining))
+        elif expiry <= self.clock.now():
+            with pytest.raises(LeaseExpired):
+                self.reg.heartbeat(replica_id, load(busy, draining))
+            del self.model[replica_id]
+        else:
+            self.reg.heartbeat(replica_id, load(busy, draining))
+            self.model[replica_id] = self.clock.now() + TTL
+
+    @rule(replica_id=IDS)
+    def remove(self, replica_id: str) -> None:
+        removed = self.reg.remove(replica_id)
+        assert (removed is not None) == (replica_id in self.model)
+        self.model.pop(replica_id, None)
+
+    @rule(replica_id=IDS)
+    def drain(self, replica_id: str) -> None:
+        if replica_id in self.model:
+            self.reg.request_drain(replica_id)
+        else:
+            with pytest.raises(UnknownMember):
+                self.reg.request_drain(replica_id)
+
+    @rule(dt=st.sampled_from([0.0, 0.25, 0.5, 0.99, 1.0, 2.5]))
+    def advance(self, dt: float) -> None:
+        self.clock.advance(dt)
+
+    @rule()
+    def expire(self) -> None:
+        now = self.clock.now()
+        gone = {m.replica_id for m in self.reg.expire(now)}
+        assert gone == {r for r, e in self.model.items() if e <= now}
+        self.model = {r: e for r, e in self.model.items() if e > now}
+        # After a sweep: present iff the lease is fresh and the member was not removed.
+        assert all(m.lease_expires_at > now for m in self.reg.members())
+
+    @invariant()
+    def members_match_model(self) -> None:
+        assert {m.replica_id for m in self.reg.members()} == set(self.model)
+
+    @invariant()
+    def generation_moves_exactly_with_the_view(self) -> None:
+        view, gen = self.view(), self.reg.generation
+        assert gen >= self.last_gen
+        if view != self.last_view:
+            assert gen > self.last_gen, "a visible change without a new generation"
+        else:
+            assert gen == self.last_gen, "a new generation without a visible change"
+        self.last_view, self.last_gen = view, gen
+
+
+TestRegistryMachine = RegistryMachine.TestCase
+TestRegistryMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
