@@ -524,6 +524,11 @@ async def test_report_outcomes_show_up_in_getstate(start_stack: StackFactory) ->
     window = stack.controller.outcomes.window("resnet", "v1")
     assert (window.ok, window.shed) == (3, 3)
     assert stack.metric("halcyon_controller_outcomes_total", kind="shed") == 3
+    [outcomes] = state.outcomes
+    assert (outcomes.model, outcomes.metrics.version) == ("resnet", "v1")
+    assert (outcomes.metrics.requests, outcomes.metrics.shed) == (6, 3)
+    assert outcomes.metrics.error_rate == 0.5
+    assert abs(outcomes.metrics.p95.ToNanoseconds() / 1e9 - 0.02) < 0.001
 
     bad = control_pb2.ReportOutcomesRequest(
         gateway_id="gw-7",
@@ -583,8 +588,3 @@ async def test_shutdown_ends_streams_cleanly(start_stack: StackFactory) -> None:
     events = stack.controller.store.list_fleet_events(replica_id="r1")
     assert events[-1].kind == FleetEventKind.REMOVED
     assert events[-1].detail == "controller shutting down"
-    [outcomes] = state.outcomes
-    assert (outcomes.model, outcomes.metrics.version) == ("resnet", "v1")
-    assert (outcomes.metrics.requests, outcomes.metrics.shed) == (6, 3)
-    assert outcomes.metrics.error_rate == 0.5
-    assert abs(outcomes.metrics.p95.ToNanoseconds() / 1e9 - 0.02) < 0.001

@@ -1,0 +1,36 @@
+"""Reconnect backoff: how long to wait before trying the controller again.
+
+What it decides: the delay after the n-th consecutive failure — exponential from ``initial_s``
+by ``multiplier``, capped at ``max_s``, with jitter that only shortens it (``* (1 - jitter * U)``)
+so the cap is a real ceiling and a fleet restarted together does not reconnect in lockstep.
+The caller resets the attempt count once a session is established.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Backoff"]
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """Capped exponential backoff with downward jitter."""
+
+    initial_s: float = 0.2
+    max_s: float = 10.0
+    multiplier: float = 2.0
+    jitter: float = 0.2
+
+    def __post_init__(self) -> None:
+        if not 0 < self.initial_s <= self.max_s:
+            raise ValueError("need 0 < initial_s <= max_s")
+        if self.multiplier < 1:
+            raise ValueError("multiplier must be >= 1")
+        if not 0 <= self.jitter <= 1:
+            raise ValueError("jitter must be in [0, 1]")
+
+    def delay(self, attempt: int, u: float) -> float:
+        """Delay before retry number ``attempt`` (0-based), given a uniform draw ``u``."""
+        base = min(self.max_s, self.initial_s * self.multiplier ** min(attempt, 64))
+        return base * (1.0 - self.jitter * u)

@@ -1,0 +1,400 @@
+"""Prometheus metrics for gRPC servers and clients, under the conventional names.
+
+What it decides: how every call is counted, so dashboards built for go-grpc-prometheus work
+unchanged (design section 6): ``grpc_server_started_total``, ``grpc_server_handled_total``
+``{grpc_service, grpc_method, grpc_type, grpc_code}`` with Go-style code names
+(``ResourceExhausted``), ``grpc_server_handling_seconds`` (histogram), and
+``grpc_server_msg_received_total`` / ``grpc_server_msg_sent_total``; ``grpc_client_*`` the same
+from the calling side.
+
+How the code is observed: a handler ends by returning, by ``context.abort`` (which raises
+``grpc.aio.AbortError`` after setting the code), by ``context.set_code`` then returning, by the
+client cancelling (``asyncio.CancelledError``; ``Canceled``, or ``DeadlineExceeded`` when the
+deadline ran out), or by any other exception (``Unknown`` unless a code was set first). The
+interceptor reads ``context.code()`` after the handler in every case.
+
+Messages are counted for unary calls, request iterators and async-generator responses; a
+handler that uses ``context.read()`` / ``context.write()`` directly is not counted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import grpc
+import grpc.aio
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+__all__ = [
+    "LATENCY_BUCKETS",
+    "ClientMetricsInterceptors",
+    "GrpcClientMetrics",
+    "GrpcServerMetrics",
+    "ServerMetricsInterceptor",
+    "code_name",
+    "split_method",
+]
+
+# Seconds; from sub-millisecond health checks to multi-second batches and long streams.
+LATENCY_BUCKETS: tuple[float, ...] = (
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0,
+)  # fmt: skip
+
+_GO_NAMES: dict[grpc.StatusCode, str] = {
+    grpc.StatusCode.OK: "OK",
+    grpc.StatusCode.CANCELLED: "Canceled",
+    grpc.StatusCode.UNKNOWN: "Unknown",
+    grpc.StatusCode.INVALID_ARGUMENT: "InvalidArgument",
+    grpc.StatusCode.DEADLINE_EXCEEDED: "DeadlineExceeded",
+    grpc.StatusCode.NOT_FOUND: "NotFound",
+    grpc.StatusCode.ALREADY_EXISTS: "AlreadyExists",
+    grpc.StatusCode.PERMISSION_DENIED: "PermissionDenied",
+    grpc.StatusCode.RESOURCE_EXHAUSTED: "ResourceExhausted",
+    grpc.StatusCode.FAILED_PRECONDITION: "FailedPrecondition",
+    grpc.StatusCode.ABORTED: "Aborted",
+    grpc.StatusCode.OUT_OF_RANGE: "OutOfRange",
+    grpc.StatusCode.UNIMPLEMENTED: "Unimplemented",
+    grpc.StatusCode.INTERNAL: "Internal",
+    grpc.StatusCode.UNAVAILABLE: "Unavailable",
+    grpc.StatusCode.DATA_LOSS: "DataLoss",
+    grpc.StatusCode.UNAUTHENTICATED: "Unauthenticated",
+}
+_BY_VALUE: dict[int, grpc.StatusCode] = {c.value[0]: c for c in grpc.StatusCode}
+
+_UNARY, _CLIENT_STREAM, _SERVER_STREAM, _BIDI_STREAM = (
+    "unary",
+    "client_stream",
+    "server_stream",
+    "bidi_stream",
+)
+
+
+def code_name(code: grpc.StatusCode | int | None) -> str:
+    """Go-style name of a status code (``None`` -> ``OK``, as gRPC treats an unset code)."""
+    if code is None:
+        return "OK"
+    if isinstance(code, int):
+        code = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    return _GO_NAMES.get(code, "Unknown")
+
+
+def split_method(full_method: str) -> tuple[str, str]:
+    """``/pkg.Service/Method`` -> ``("pkg.Service", "Method")``."""
+    _, _, rest = full_method.partition("/")
+    service, _, method = rest.partition("/")
+    return service or "unknown", method or "unknown"
+
+
+def _grpc_type(request_streaming: bool, response_streaming: bool) -> str:
+    if request_streaming and response_streaming:
+        return _BIDI_STREAM
+    if request_streaming:
+        return _CLIENT_STREAM
+    if response_streaming:
+        return _SERVER_STREAM
+    return _UNARY
+
+
+class _CallMetrics:
+    """The five metric families, for one side (``server`` or ``client``)."""
+
+    def __init__(self, side: str, registry: CollectorRegistry) -> None:
+        labels = ("grpc_service", "grpc_method", "grpc_type")
+        self.started = Counter(
+            f"grpc_{side}_started", f"RPCs started on the {side}.", labels, registry=registry
+        )
+        self.handled = Counter(
+            f"grpc_{side}_handled",
+            f"RPCs completed on the {side}, by status code.",
+            (*labels, "grpc_code"),
+            registry=registry,
+        )
+        self.seconds = Histogram(
+            f"grpc_{side}_handling_seconds",
+            f"RPC duration on the {side} until completion.",
+            labels,
+            buckets=LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self.received = Counter(
+            f"grpc_{side}_msg_received",
+            f"Stream messages received on the {side}.",
+            labels,
+            registry=registry,
+        )
+        self.sent = Counter(
+            f"grpc_{side}_msg_sent",
+            f"Stream messages sent on the {side}.",
+            labels,
+            registry=registry,
+        )
+
+
+class GrpcServerMetrics(_CallMetrics):
+    """``grpc_server_*`` families registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__("server", registry)
+
+
+class GrpcClientMetrics(_CallMetrics):
+    """``grpc_client_*`` families registered in ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__("client", registry)
+
+
+def _ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
+    """The status the call ended with, as observed after the handler."""
+    code = context.code()
+    if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
+        try:
+            expired = context.time_remaining() is not None and context.time_remaining() <= 0
+        except Exception:  # best effort: the call may already be torn down
+            expired = False
+        return "DeadlineExceeded" if expired else "Canceled"
+    if exc is not None and (code is None or code_name(code) == "OK"):
+        return "Unknown"
+    return code_name(code)
+
+
+class _ServerCall:
+    """Bookkeeping for one server call: labels, start time, and the final observation."""
+
+    def __init__(self, metrics: GrpcServerMetrics, method: str, grpc_type: str) -> None:
+        service, name = split_method(method)
+        self.labels = (service, name, grpc_type)
+        self.metrics = metrics
+        self.start = time.perf_counter()
+        metrics.started.labels(*self.labels).inc()
+
+    def received(self) -> None:
+        self.metrics.received.labels(*self.labels).inc()
+
+    def sent(self) -> None:
+        self.metrics.sent.labels(*self.labels).inc()
+
+    def finish(self, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
+        self.metrics.handled.labels(*self.labels, _ended_code(context, exc)).inc()
+        self.metrics.seconds.labels(*self.labels).observe(time.perf_counter() - self.start)
+
+
+async def _counted(iterator: AsyncIterable[Any], call: _ServerCall) -> AsyncIterator[Any]:
+    async for message in iterator:
+        call.received()
+        yield message
+
+
+async def _maybe_await(value: Any) -> Any:
+    return await value if inspect.isawaitable(value) else value
+
+
+class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """Wraps every handler kind to count starts, codes, durations and messages."""
+
+    def __init__(self, metrics: GrpcServerMetrics) -> None:
+        self._metrics = metrics
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        if handler is None:
+            return handler
+        method = handler_call_details.method
+        kind = _grpc_type(handler.request_streaming, handler.response_streaming)
+        kwargs: dict[str, Any] = {
+            "request_deserializer": handler.request_deserializer,
+            "response_serializer": handler.response_serializer,
+        }
+        if kind == _UNARY:
+            return grpc.unary_unary_rpc_method_handler(
+                self._wrap_unary_response(handler.unary_unary, method, kind, False), **kwargs
+            )
+        if kind == _CLIENT_STREAM:
+            return grpc.stream_unary_rpc_method_handler(
+                self._wrap_unary_response(handler.stream_unary, method, kind, True), **kwargs
+            )
+        if kind == _SERVER_STREAM:
+            return grpc.unary_stream_rpc_method_handler(
+                self._wrap_stream_response(handler.unary_stream, method, kind, False), **kwargs
+            )
+        return grpc.stream_stream_rpc_method_handler(
+            self._wrap_stream_response(handler.stream_stream, method, kind, True), **kwargs
+        )
+
+    def _wrap_unary_response(
+        self, inner: Callable[..., Any], method: str, kind: str, request_streaming: bool
+    ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
+        metrics = self._metrics
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            call = _ServerCall(metrics, method, kind)
+            if request_streaming:
+                request = _counted(request, call)
+            else:
+                call.received()
+            try:
+                response = await _maybe_await(inner(request, context))
+            except BaseException as exc:
+                call.finish(context, exc)
+                raise
+            if response is not None and code_name(context.code()) == "OK":
+                call.sent()
+            call.finish(context, None)
+            return response
+
+        return handle
+
+    def _wrap_stream_response(
+        self, inner: Callable[..., Any], method: str, kind: str, request_streaming: bool
+    ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
+        metrics = self._metrics
+
+        if inspect.isasyncgenfunction(inner):
+
+            async def handle_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
+                call = _ServerCall(metrics, method, kind)
+                if request_streaming:
+                    request = _counted(request, call)
+                else:
+                    call.received()
+                try:
+                    async for response in inner(request, context):
+                        yield response
+                        call.sent()
+                except BaseException as exc:
+                    call.finish(context, exc)
+                    raise
+                call.finish(context, None)
+
+            return handle_gen
+
+        async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            # A coroutine handler that streams with context.write(): messages are not counted.
+            call = _ServerCall(metrics, method, kind)
+            if request_streaming:
+                request = _counted(request, call)
+            else:
+                call.received()
+            try:
+                result = await _maybe_await(inner(request, context))
+            except BaseException as exc:
+                call.finish(context, exc)
+                raise
+            call.finish(context, None)
+            return result
+
+        return handle
+
+
+# -- client side ------------------------------------------------------------------------------
+
+
+class _ClientInterceptorBase:
+    def __init__(self, metrics: GrpcClientMetrics) -> None:
+        self._metrics = metrics
+        self._pending: set[asyncio.Task[None]] = set()
+
+    def _observe(self, call: Any, method: str, kind: str, start: float) -> None:
+        service, name = split_method(method)
+        labels = (service, name, kind)
+        metrics = self._metrics
+
+        async def record() -> None:
+            try:
+                code = await call.code()
+            except asyncio.CancelledError:
+                code = grpc.StatusCode.CANCELLED
+            metrics.handled.labels(*labels, code_name(code)).inc()
+            metrics.seconds.labels(*labels).observe(time.perf_counter() - start)
+            if kind in (_UNARY, _SERVER_STREAM):
+                metrics.sent.labels(*labels).inc()
+            if kind in (_UNARY, _CLIENT_STREAM) and code == grpc.StatusCode.OK:
+                metrics.received.labels(*labels).inc()
+
+        def done(_: Any) -> None:
+            task = asyncio.get_running_loop().create_task(record())
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
+
+        metrics.started.labels(*labels).inc()
+        call.add_done_callback(done)
+
+
+def _method_name(details: grpc.aio.ClientCallDetails) -> str:
+    method = details.method
+    return method.decode() if isinstance(method, bytes) else str(method)
+
+
+class _UnaryUnary(_ClientInterceptorBase, grpc.aio.UnaryUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_unary(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        start = time.perf_counter()
+        call = await continuation(client_call_details, request)
+        self._observe(call, _method_name(client_call_details), _UNARY, start)
+        return call
+
+
+class _UnaryStream(_ClientInterceptorBase, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_unary_stream(
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
+    ) -> Any:
+        start = time.perf_counter()
+        call = await continuation(client_call_details, request)
+        self._observe(call, _method_name(client_call_details), _SERVER_STREAM, start)
+        return call
+
+
+class _StreamUnary(_ClientInterceptorBase, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_unary(
+        self,
+        continuation: Any,
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        start = time.perf_counter()
+        call = await continuation(client_call_details, request_iterator)
+        self._observe(call, _method_name(client_call_details), _CLIENT_STREAM, start)
+        return call
+
+
+class _StreamStream(_ClientInterceptorBase, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
+    async def intercept_stream_stream(
+        self,
+        continuation: Any,
+        client_call_details: grpc.aio.ClientCallDetails,
+        request_iterator: Any,
+    ) -> Any:
+        start = time.perf_counter()
+        call = await continuation(client_call_details, request_iterator)
+        self._observe(call, _method_name(client_call_details), _BIDI_STREAM, start)
+        return call
+
+
+class ClientMetricsInterceptors:
+    """The four aio client interceptors sharing one :class:`GrpcClientMetrics`.
+
+    ``grpc.aio.insecure_channel(target, interceptors=ClientMetricsInterceptors(m).all())``.
+    Counts starts, codes and durations for every kind; stream messages are not counted one by
+    one (unary sides count as one message each).
+    """
+
+    def __init__(self, metrics: GrpcClientMetrics) -> None:
+        self.metrics = metrics
+
+    def all(self) -> list[Any]:
+        return [
+            _UnaryUnary(self.metrics),
+            _UnaryStream(self.metrics),
+            _StreamUnary(self.metrics),
+            _StreamStream(self.metrics),
+        ]

@@ -1,0 +1,72 @@
+"""The ``grpc.health.v1.Health`` servicer every Halcyon server exposes.
+
+What it decides: the serving status per health name, answered to ``Check`` and streamed to
+``Watch``. Why not ``grpc_health.v1.health.aio.HealthServicer`` as is: its ``set`` is a
+coroutine, so a status change would land some loop iterations later; readiness must flip the
+moment the host says so (a probe right after ``set_ready(False)`` must see NOT_SERVING). Here
+``set`` is synchronous and wakes watchers through a per-name ``asyncio.Event`` that is replaced
+on every change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+__all__ = ["NOT_SERVING", "SERVING", "HealthService"]
+
+SERVING: int = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
+_SERVICE_UNKNOWN: int = health_pb2.HealthCheckResponse.SERVICE_UNKNOWN
+
+
+class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
+    """Health statuses settable synchronously; ``Check`` answers NOT_FOUND for unknown names."""
+
+    def __init__(self) -> None:
+        self._status: dict[str, int] = {}
+        self._changed: dict[str, asyncio.Event] = {}
+        self._frozen = False
+
+    def set(self, service: str, status: int) -> None:
+        """Set ``service``'s status now; ignored after :meth:`shutdown`."""
+        if self._frozen or self._status.get(service) == status:
+            return
+        self._status[service] = status
+        event = self._changed.pop(service, None)
+        if event is not None:
+            event.set()
+
+    def get(self, service: str) -> int | None:
+        return self._status.get(service)
+
+    def shutdown(self) -> None:
+        """Every name NOT_SERVING, permanently (the server is going away)."""
+        for service in list(self._status):
+            self.set(service, NOT_SERVING)
+        self._frozen = True
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        last: int | None = None
+        while True:
+            # Take the event before reading the status, so a change in between is not lost.
+            event = self._changed.setdefault(request.service, asyncio.Event())
+            status = self._status.get(request.service, _SERVICE_UNKNOWN)
+            if status != last:
+                yield health_pb2.HealthCheckResponse(status=status)
+                last = status
+            await event.wait()

@@ -1,0 +1,408 @@
+"""Hosting a Halcyon gRPC service: one way every process binds, probes, measures and stops.
+
+What it decides: the plumbing around a ``grpc.aio`` server that controller, gateway and worker
+share (design sections 3 and 6), so none of them re-invents it:
+
+* health (``grpc.health.v1``) with separate names: ``liveness`` SERVING from start until stop;
+  ``readiness``, ``""`` and every added service's full name NOT_SERVING until
+  :meth:`ServiceHost.set_ready` — Kubernetes' native gRPC probes can use either name;
+* server reflection, so ``grpcurl -plaintext host:port list`` works with no proto files;
+* ``grpc_server_*`` Prometheus metrics plus process metrics on a per-host registry, served on
+  a separate HTTP port;
+* the auth gate (:mod:`common.auth`) ahead of every handler;
+* optional TLS / mTLS;
+* a ready file written atomically after binding, so scripts and tests learn ephemeral ports;
+* graceful shutdown on SIGTERM/SIGINT: readiness off, the caller's drain hook, then
+  ``server.stop(grace)``.
+
+Why ``so_reuseport`` is off: with it on (gRPC's default on Linux) a second process silently
+binds the same port and steals half the connections; a fixed port must fail loudly instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+import grpc
+import grpc.aio
+from grpc_health.v1 import health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+    make_wsgi_app,
+)
+
+from common.auth import AuthInterceptor, AuthPolicy
+from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
+from common.health import NOT_SERVING, SERVING, HealthService
+
+__all__ = [
+    "LIVENESS",
+    "READINESS",
+    "ServiceHost",
+    "ServingOptions",
+    "TlsOptions",
+    "add_serving_arguments",
+    "format_hostport",
+    "parse_hostport",
+    "serving_options_from_args",
+]
+
+LIVENESS = "liveness"
+READINESS = "readiness"
+_HEALTH_SERVICE = "grpc.health.v1.Health"
+_log = logging.getLogger("halcyon.serving")
+
+
+def parse_hostport(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:50060"`` / ``"[::1]:0"`` / ``"localhost:9"`` -> ``(host, port)``."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host:
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ValueError(f"port in {value!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port in {value!r} is out of range")
+    return host, port
+
+
+def format_hostport(host: str, port: int) -> str:
+    """The inverse of :func:`parse_hostport` (IPv6 literals in brackets)."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class TlsOptions:
+    """PEM files: this process's certificate and key, plus a CA for the peer.
+
+    On a server, ``client_ca`` turns on mTLS (clients must present a certificate it signed).
+    On a client (:meth:`channel_credentials`), ``client_ca`` verifies the server and the
+    cert/key are the client's identity for mTLS.
+    """
+
+    cert: Path
+    key: Path
+    client_ca: Path | None = None
+
+    def server_credentials(self) -> grpc.ServerCredentials:
+        ca = self.client_ca.read_bytes() if self.client_ca else None
+        return grpc.ssl_server_credentials(
+            [(self.key.read_bytes(), self.cert.read_bytes())],
+            root_certificates=ca,
+            require_client_auth=ca is not None,
+        )
+
+    def channel_credentials(self) -> grpc.ChannelCredentials:
+        return grpc.ssl_channel_credentials(
+            root_certificates=self.client_ca.read_bytes() if self.client_ca else None,
+            private_key=self.key.read_bytes(),
+            certificate_chain=self.cert.read_bytes(),
+        )
+
+
+@dataclass
+class ServingOptions:
+    """Where and how a host listens."""
+
+    listen: str = "127.0.0.1:0"  # host:port for gRPC
+    metrics_listen: str | None = "127.0.0.1:0"  # host:port for /metrics; None = off
+    ready_file: Path | None = None  # {"grpc": "h:p", "metrics": "h:p", "pid": n}, atomically
+    grace_s: float = 10.0  # SIGTERM grace for in-flight RPCs
+    tls: TlsOptions | None = None  # server cert/key (+ client CA for mTLS)
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+class _MetricsHttpServer:
+    """Prometheus text exposition of one registry on its own port, in a daemon thread."""
+
+    def __init__(self, listen: str, registry: CollectorRegistry) -> None:
+        host, port = parse_hostport(listen)
+
+        class Server(_ThreadingWSGIServer):
+            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
+
+        self._httpd = make_server(
+            host, port, make_wsgi_app(registry), Server, handler_class=_QuietHandler
+        )
+        self.host = host
+        self.port: int = self._httpd.server_address[1]
+        # A short poll interval so stop() returns promptly.
+        self._thread = threading.Thread(
+            target=self._httpd.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name=f"metrics-http-{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+
+class ServiceHost:
+    """One grpc.aio server with health (liveness + readiness names), reflection, Prometheus
+    grpc_server_* metrics, auth, structured logs and graceful shutdown.
+
+    Construct it inside the event loop that will run it (``grpc.aio`` binds the server to the
+    loop current at construction), e.g. in the ``async def main()`` given to ``asyncio.run``.
+    """
+
+    def __init__(self, name: str, options: ServingOptions, auth: AuthPolicy | None) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            raise RuntimeError(
+                "construct ServiceHost inside a running event loop (grpc.aio binds the server "
+                "to the loop current at construction)"
+            ) from None
+        self.name = name
+        self.options = options
+        self.registry = CollectorRegistry()
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.grpc_metrics = GrpcServerMetrics(self.registry)
+        interceptors: list[Any] = [ServerMetricsInterceptor(self.grpc_metrics)]
+        if auth is not None:
+            interceptors.append(AuthInterceptor(auth))
+        self.server: grpc.aio.Server = grpc.aio.server(
+            interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
+        )
+        self.health = HealthService()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        self._services: list[str] = []
+        self._metrics_http: _MetricsHttpServer | None = None
+        self._shutdown = asyncio.Event()
+        self._started = False
+        self._stopped = False
+        self.grpc_address = ""
+        self.grpc_port = 0
+        self.metrics_address: str | None = None
+        self.metrics_port: int | None = None
+
+    def add_service(
+        self,
+        register: Callable[[Any, grpc.aio.Server], None],
+        servicer: Any,
+        service_full_name: str,
+    ) -> None:
+        """Register a servicer, e.g. ``add_WorkerServiceServicer_to_server``; before start()."""
+        if self._started:
+            raise RuntimeError("add_service must be called before start()")
+        register(servicer, self.server)
+        self._services.append(service_full_name)
+
+    async def start(self) -> None:
+        """Bind and start; afterwards the addresses are set and the ready file is written."""
+        if self._started:
+            raise RuntimeError("already started")
+        self._started = True
+        reflection.enable_server_reflection(
+            (*self._services, _HEALTH_SERVICE, reflection.SERVICE_NAME), self.server
+        )
+        self.health.set(LIVENESS, SERVING)
+        for name in self._readiness_names():
+            self.health.set(name, NOT_SERVING)
+
+        host, _ = parse_hostport(self.options.listen)
+        try:
+            if self.options.tls is not None:
+                port = self.server.add_secure_port(
+                    self.options.listen, self.options.tls.server_credentials()
+                )
+            else:
+                port = self.server.add_insecure_port(self.options.listen)
+        except RuntimeError as exc:
+            raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}: {exc}") from exc
+        if port == 0:
+            raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}")
+        self.grpc_port = port
+        self.grpc_address = format_hostport(host, port)
+        await self.server.start()
+
+        if self.options.metrics_listen:
+            try:
+                self._metrics_http = _MetricsHttpServer(self.options.metrics_listen, self.registry)
+            except OSError:
+                await self.server.stop(0)
+                raise
+            self.metrics_port = self._metrics_http.port
+            self.metrics_address = format_hostport(self._metrics_http.host, self.metrics_port)
+        if self.options.ready_file is not None:
+            self._write_ready_file(self.options.ready_file)
+        _log.info(
+            "serving",
+            extra={
+                "host_name": self.name,
+                "grpc": self.grpc_address,
+                "metrics": self.metrics_address,
+                "tls": self.options.tls is not None,
+            },
+        )
+
+    def _readiness_names(self) -> list[str]:
+        return [READINESS, "", *self._services]
+
+    def _write_ready_file(self, path: Path) -> None:
+        payload = {"grpc": self.grpc_address, "metrics": self.metrics_address, "pid": os.getpid()}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload) + "\n")
+        os.replace(tmp, path)
+
+    def set_ready(self, ready: bool) -> None:
+        """Readiness (``readiness``, ``""`` and every added service name) on or off, now."""
+        status = SERVING if ready else NOT_SERVING
+        for name in self._readiness_names():
+            self.health.set(name, status)
+
+    @property
+    def ready(self) -> bool:
+        return self.health.get(READINESS) == SERVING
+
+    async def stop(self, grace_s: float | None = None) -> None:
+        """Every health name NOT_SERVING, stop the server within the grace, close /metrics."""
+        if self._stopped:
+            return
+        self._stopped = True
+        self.health.shutdown()
+        grace = self.options.grace_s if grace_s is None else grace_s
+        await self.server.stop(grace)
+        if self._metrics_http is not None:
+            await asyncio.to_thread(self._metrics_http.close)
+            self._metrics_http = None
+        _log.info("stopped", extra={"host_name": self.name})
+
+    def request_shutdown(self) -> None:
+        """Make :meth:`serve_until_signal` proceed as if SIGTERM had arrived."""
+        self._shutdown.set()
+
+    async def serve_until_signal(
+        self, on_shutdown: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Wait for SIGTERM/SIGINT (or :meth:`request_shutdown`), then shut down gracefully:
+        readiness off, ``await on_shutdown()``, ``server.stop(grace)``."""
+        loop = asyncio.get_running_loop()
+        installed: list[signal.Signals] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, self._on_signal, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                _log.warning("cannot install a %s handler", sig.name)
+        try:
+            await self._shutdown.wait()
+            _log.info("shutting down", extra={"host_name": self.name})
+            self.set_ready(False)
+            if on_shutdown is not None:
+                await on_shutdown()
+            await self.stop()
+        finally:
+            for sig in installed:
+                with contextlib.suppress(Exception):
+                    loop.remove_signal_handler(sig)
+
+    def _on_signal(self, sig: signal.Signals) -> None:
+        _log.info("signal received", extra={"signal": sig.name, "host_name": self.name})
+        self._shutdown.set()
+
+
+# -- the command-line flags every server shares -----------------------------------------------
+
+
+def add_serving_arguments(
+    parser: argparse.ArgumentParser, *, default_listen: str, default_metrics_listen: str
+) -> None:
+    """``--listen --metrics-listen --ready-file --log-level --tls-* --shutdown-grace``."""
+    group = parser.add_argument_group("serving")
+    group.add_argument(
+        "--listen",
+        default=default_listen,
+        metavar="HOST:PORT",
+        help=f"gRPC listen address; port 0 picks a free one (default {default_listen})",
+    )
+    group.add_argument(
+        "--metrics-listen",
+        default=default_metrics_listen,
+        metavar="HOST:PORT",
+        help=f"Prometheus /metrics listen address, or 'off' (default {default_metrics_listen})",
+    )
+    group.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="PATH",
+        help='after binding, write {"grpc": ..., "metrics": ..., "pid": ...} here atomically',
+    )
+    group.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
+        help="JSON log lines on stderr at this level (default INFO)",
+    )
+    group.add_argument(
+        "--shutdown-grace",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="on SIGTERM, how long in-flight work may take to finish (default 10)",
+    )
+    group.add_argument("--tls-cert", type=Path, metavar="PEM", help="TLS certificate")
+    group.add_argument("--tls-key", type=Path, metavar="PEM", help="TLS private key")
+    group.add_argument(
+        "--tls-ca",
+        type=Path,
+        metavar="PEM",
+        help="CA for peers: on the server, require client certificates signed by it (mTLS); "
+        "on outgoing calls, verify the server with it",
+    )
+
+
+def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
+    """ServingOptions from the flags :func:`add_serving_arguments` added."""
+    tls: TlsOptions | None = None
+    if args.tls_cert or args.tls_key:
+        if not (args.tls_cert and args.tls_key):
+            raise SystemExit("--tls-cert and --tls-key go together")
+        tls = TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_ca)
+    elif args.tls_ca:
+        raise SystemExit("--tls-ca needs --tls-cert and --tls-key")
+    metrics = args.metrics_listen
+    if metrics is not None and metrics.strip().lower() in ("", "off", "none"):
+        metrics = None
+    return ServingOptions(
+        listen=args.listen,
+        metrics_listen=metrics,
+        ready_file=args.ready_file,
+        grace_s=args.shutdown_grace,
+        tls=tls,
+    )

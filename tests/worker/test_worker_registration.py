@@ -1,0 +1,274 @@
+"""ControllerSession against a small fake ControlService on a real aio server."""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import grpc.aio
+import pytest
+from google.protobuf import duration_pb2
+
+from common.auth import AuthPolicy, Role
+from common.backoff import Backoff
+from common.rng import SeededRng
+from common.serving import ServiceHost, ServingOptions
+from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
+from worker.registration import ControllerSession
+
+FLEET = "fleet-token-for-registration"
+CONTROL = "halcyon.v1.ControlService"
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(int(seconds * 1e9))
+    return d
+
+
+@dataclass
+class SessionRecord:
+    register: fleet_pb2.ReplicaDescriptor
+    opened_at: float
+    heartbeats: list[fleet_pb2.ReplicaLoad] = field(default_factory=list)
+    ended_by_client: bool = False
+
+
+class FakeController(control_pb2_grpc.ControlServiceServicer):  # type: ignore[misc]
+    """Records sessions; can refuse, end a stream after N heartbeats, or send a drain."""
+
+    def __init__(self) -> None:
+        self.attempts: list[float] = []
+        self.sessions: list[SessionRecord] = []
+        self.refuse_next = 0
+        self.close_after_heartbeats: int | None = None
+        self.drain_after_heartbeats: int | None = None
+        self.heartbeat_interval_s = 0.02
+        self.ttl_s = 0.1
+
+    async def WorkerSession(
+        self, request_iterator: AsyncIterator[control_pb2.WorkerSessionRequest], context: Any
+    ) -> AsyncIterator[control_pb2.WorkerSessionResponse]:
+        self.attempts.append(time.monotonic())
+        if self.refuse_next > 0:
+            self.refuse_next -= 1
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "not now")
+        first = await anext(request_iterator)
+        assert first.WhichOneof("kind") == "register"
+        record = SessionRecord(first.register, time.monotonic())
+        self.sessions.append(record)
+        yield control_pb2.WorkerSessionResponse(
+            lease=control_pb2.Lease(
+                replica_id=first.register.replica_id,
+                ttl=_duration(self.ttl_s),
+                heartbeat_interval=_duration(self.heartbeat_interval_s),
+            )
+        )
+        async for message in request_iterator:
+            assert message.WhichOneof("kind") == "heartbeat"
+            record.heartbeats.append(message.heartbeat)
+            n = len(record.heartbeats)
+            if self.drain_after_heartbeats is not None and n >= self.drain_after_heartbeats:
+                self.drain_after_heartbeats = None  # once
+                yield control_pb2.WorkerSessionResponse(
+                    drain=control_pb2.DrainCommand(reason="operator")
+                )
+            if self.close_after_heartbeats is not None and n >= self.close_after_heartbeats:
+                return
+        record.ended_by_client = True
+
+
+@pytest.fixture
+async def controller() -> AsyncIterator[tuple[FakeController, ServiceHost]]:
+    fake = FakeController()  # type: ignore[abstract]
+    host = ServiceHost(
+        "fake-controller",
+        ServingOptions(metrics_listen=None),
+        AuthPolicy(fleet_token=FLEET, operator_token="op", rules={f"/{CONTROL}/": Role.FLEET}),
+    )
+    host.add_service(control_pb2_grpc.add_ControlServiceServicer_to_server, fake, CONTROL)
+    await host.start()
+    yield fake, host
+    await host.stop(0)
+
+
+DESCRIPTOR = fleet_pb2.ReplicaDescriptor(
+    replica_id="r1",
+    address="127.0.0.1:9",
+    model="m",
+    version="v1",
+    hardware="a10g",
+    slots=2,
+    speed=0.6,
+)
+
+
+def make_session(host: ServiceHost, **kw: Any) -> ControllerSession:
+    drains: list[str] = kw.pop("drains", [])
+
+    async def on_drain(reason: str) -> None:
+        drains.append(reason)
+
+    args: dict[str, Any] = {
+        "target": host.grpc_address,
+        "fleet_token": FLEET,
+        "descriptor": lambda: DESCRIPTOR,
+        "load": lambda: fleet_pb2.ReplicaLoad(busy_slots=1, batches_total=7),
+        "on_drain": on_drain,
+        "backoff": Backoff(initial_s=0.02, max_s=0.2, jitter=0.2),
+        "rng": SeededRng(5),
+    }
+    args.update(kw)
+    return ControllerSession(**args)
+
+
+async def test_registers_first_then_heartbeats_with_load(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    session = make_session(host)
+    session.start()
+    try:
+        await session.wait_registered(5)
+        await wait_until(lambda: fake.sessions and len(fake.sessions[0].heartbeats) >= 3)
+        record = fake.sessions[0]
+        assert record.register == DESCRIPTOR
+        assert record.heartbeats[0].busy_slots == 1 and record.heartbeats[0].batches_total == 7
+        assert session.heartbeat_interval_s == pytest.approx(0.02)
+        assert session.lease is not None and session.lease.replica_id == "r1"
+    finally:
+        await session.close()
+    # close() half-closed the stream: the controller saw it end (a prompt deregistration).
+    await wait_until(lambda: fake.sessions[0].ended_by_client)
+    assert not session.connected
+    assert len(fake.sessions) == 1  # and no reconnect after close
+
+
+async def test_reconnects_with_exponential_backoff(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    fake.refuse_next = 3
+    session = make_session(host)
+    session.start()
+    try:
+        await session.wait_registered(5)
+    finally:
+        await session.close()
+    rng = SeededRng(5)
+    backoff = Backoff(initial_s=0.02, max_s=0.2, jitter=0.2)
+    expected = [backoff.delay(n, rng.random()) for n in range(3)]
+    assert list(session.reconnect_delays) == pytest.approx(expected)
+    assert expected[0] < expected[1] < expected[2]  # it grows
+    gaps = [b - a for a, b in zip(fake.attempts, fake.attempts[1:], strict=False)]
+    assert len(gaps) == 3
+    assert all(gap >= delay - 0.005 for gap, delay in zip(gaps, expected, strict=True))
+    assert session.last_error is not None and "UNAVAILABLE" in session.last_error
+
+
+async def test_backoff_resets_after_a_granted_lease(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    fake.close_after_heartbeats = 1  # every session ends after one heartbeat
+    session = make_session(host)
+    session.start()
+    try:
+        await wait_until(lambda: len(fake.sessions) >= 4)
+    finally:
+        await session.close()
+    assert session.sessions >= 4
+    backoff = Backoff(initial_s=0.02, max_s=0.2, jitter=0.2)
+    # Each stream had a lease, so each reconnect waits the first-attempt delay again.
+    assert all(0.02 * 0.8 - 1e-9 <= d <= backoff.initial_s for d in session.reconnect_delays)
+    assert all(s.register == DESCRIPTOR for s in fake.sessions)
+
+
+async def test_drain_command_calls_on_drain_once(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    fake.drain_after_heartbeats = 1
+    drains: list[str] = []
+    session = make_session(host, drains=drains)
+    session.start()
+    try:
+        await wait_until(lambda: drains == ["operator"])
+    finally:
+        await session.close()
+
+
+async def test_wrong_credential_is_refused_and_retried(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    session = make_session(host, fleet_token="not-the-fleet-token")
+    session.start()
+    try:
+        await wait_until(lambda: len(session.reconnect_delays) >= 2)
+        assert not session.connected and not fake.sessions
+        assert session.last_error is not None and session.last_error.startswith("UNAUTHENTICATED")
+    finally:
+        await session.close()
+
+
+async def test_heartbeat_can_be_sent_at_once(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    fake.heartbeat_interval_s = 60.0
+    session = make_session(host)
+    session.start()
+    try:
+        await session.wait_registered(5)
+        assert fake.sessions[0].heartbeats == []
+        session.send_heartbeat_now()
+        await wait_until(lambda: len(fake.sessions[0].heartbeats) == 1, timeout_s=2.0)
+    finally:
+        await session.close()
+
+
+async def test_lease_without_interval_derives_it_from_the_ttl(controller: Any) -> None:
+    fake, host = controller
+    fake.heartbeat_interval_s = 0.0
+    fake.ttl_s = 0.3
+    session = make_session(host)
+    session.start()
+    try:
+        await session.wait_registered(5)
+        assert session.heartbeat_interval_s == pytest.approx(0.1)
+    finally:
+        await session.close()
+
+
+async def test_worker_app_registers_and_drains_on_command(
+    controller: Any, start_worker: Any, wait_until: Any
+) -> None:
+    fake, host = controller
+    w = await start_worker(controller=host.grpc_address, fleet_token=FLEET, replica_id="w-1")
+    await wait_until(lambda: len(fake.sessions) == 1)
+    registered = fake.sessions[0].register
+    assert registered.replica_id == "w-1"
+    assert registered.address == w.app.host.grpc_address
+    fake.drain_after_heartbeats = 2
+    await wait_until(lambda: w.app.replica.draining and not w.app.host.ready)
+    await wait_until(lambda: fake.sessions[0].ended_by_client)  # deregistered
+    assert fake.sessions[0].heartbeats[-1].draining  # announced before leaving
+    assert w.app.session is not None and not w.app.session.connected
+    assert len(fake.sessions) == 1
+
+
+async def test_close_is_prompt_while_backing_off(wait_until: Any) -> None:
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+
+    async def on_drain(reason: str) -> None:
+        raise AssertionError("no drain expected")
+
+    session = ControllerSession(
+        target=f"127.0.0.1:{port}",
+        fleet_token=FLEET,
+        descriptor=lambda: DESCRIPTOR,
+        load=fleet_pb2.ReplicaLoad,
+        on_drain=on_drain,
+        backoff=Backoff(initial_s=30.0, max_s=30.0),
+    )
+    session.start()
+    await wait_until(lambda: len(session.reconnect_delays) == 1)  # now in a 24-30 s wait
+    assert session.last_error is not None and "UNAVAILABLE" in session.last_error
+    started = time.monotonic()
+    await session.close()
+    assert time.monotonic() - started < 1.0

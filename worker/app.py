@@ -1,0 +1,241 @@
+"""A worker process assembled: host, simulated device, replica, servicer, controller session.
+
+What it decides: the order things happen in a worker's life.
+
+* start: bind (health, reflection, metrics, auth), learn the bound port, fix the replica's
+  identity (id ``worker-<port>`` and advertised address default to the bound ones), become
+  ready, then register with the controller (if one is configured);
+* drain (Drain RPC, the controller's drain command, or SIGTERM): readiness off, refuse new
+  batches, finish in-flight ones within the grace, deregister — one drain per process, every
+  trigger waits for the same one;
+* stop: close the controller session and the server.
+
+Without ``controller`` the worker runs standalone (gateways can still be pointed at it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from dataclasses import dataclass, field
+
+from opentelemetry import trace
+
+from common.auth import AuthPolicy, Role
+from common.backoff import Backoff
+from common.clock import Clock, MonotonicClock
+from common.rng import SeededRng
+from common.serving import (
+    ServiceHost,
+    ServingOptions,
+    TlsOptions,
+    format_hostport,
+    parse_hostport,
+)
+from halcyon.v1 import worker_pb2_grpc
+from worker.descriptor import ReplicaIdentity
+from worker.faults import FaultInjector
+from worker.metrics import WorkerMetrics
+from worker.registration import ControllerSession
+from worker.replica import DrainResult, Replica
+from worker.runtime import ModelRuntime, SimulatedDevice
+from worker.servicer import SERVICE_NAME, WorkerService
+from worker.slots import SlotTable
+
+__all__ = ["WorkerApp", "WorkerConfig", "worker_auth_policy"]
+
+_log = logging.getLogger("halcyon.worker")
+_WILDCARD_HOSTS = ("0.0.0.0", "::", "")
+
+
+def worker_auth_policy(fleet_token: str, operator_token: str) -> AuthPolicy:
+    """Every WorkerService call needs the fleet credential (proto contract)."""
+    return AuthPolicy(
+        fleet_token=fleet_token,
+        operator_token=operator_token,
+        rules={f"/{SERVICE_NAME}/": Role.FLEET},
+    )
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker is configured with (the ``halcyon worker`` flags)."""
+
+    fleet_token: str
+    operator_token: str
+    replica_id: str | None = None  # None: worker-<bound port>
+    model: str = "llama-3-8b"
+    version: str = "v1"
+    hardware: str = "a10g"
+    slots: int = 1
+    speed: float = 1.0
+    intercept_ms: float = 18.0
+    ms_per_token: float = 0.022
+    jitter: float = 0.08
+    seed: int = 0
+    controller: str | None = None  # host:port; None = standalone
+    controller_tls: TlsOptions | None = None
+    advertise: str | None = None  # None: the bound address
+    fail_rate: float = 0.0
+    fail_fast_ms: float = 2.0
+    slowdown: float = 1.0
+    hang_rate: float = 0.0
+    reconnect: Backoff = field(default_factory=Backoff)
+    serving: ServingOptions = field(default_factory=ServingOptions)
+
+
+class WorkerApp:
+    """One worker: start, drain, stop, or run until SIGTERM."""
+
+    def __init__(
+        self,
+        config: WorkerConfig,
+        *,
+        runtime: ModelRuntime | None = None,
+        tracer: trace.Tracer | None = None,
+        clock: Clock | None = None,
+    ) -> None:
+        self.config = config
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self.host = ServiceHost(
+            "worker",
+            config.serving,
+            worker_auth_policy(config.fleet_token, config.operator_token),
+        )
+        self.metrics = WorkerMetrics(self.host.registry)
+        self.faults = FaultInjector(
+            fail_rate=config.fail_rate,
+            fail_fast_ms=config.fail_fast_ms,
+            slowdown=config.slowdown,
+            hang_rate=config.hang_rate,
+            rng=SeededRng(config.seed + 1),
+        )
+        self.runtime: ModelRuntime = (
+            runtime
+            if runtime is not None
+            else SimulatedDevice(
+                intercept_ms=config.intercept_ms,
+                ms_per_token=config.ms_per_token,
+                speed=config.speed,
+                jitter=config.jitter,
+                seed=config.seed,
+                clock=self._clock,
+                faults=self.faults if self.faults.active else None,
+            )
+        )
+        self.slots = SlotTable(config.slots, self._clock)
+        self.replica = Replica(self.runtime, self.slots)
+        self.metrics.track_slots(config.slots, lambda: self.slots.busy)
+        self.servicer = WorkerService(
+            identity=self._identity_now,
+            replica=self.replica,
+            drain=self.drain,
+            metrics=self.metrics,
+            tracer=tracer,
+        )
+        self.host.add_service(
+            worker_pb2_grpc.add_WorkerServiceServicer_to_server, self.servicer, SERVICE_NAME
+        )
+        self.identity: ReplicaIdentity | None = None
+        self.session: ControllerSession | None = None
+        self._drain_task: asyncio.Task[DrainResult] | None = None
+
+    def _identity_now(self) -> ReplicaIdentity:
+        if self.identity is None:
+            raise RuntimeError("worker not started")
+        return self.identity
+
+    def _advertised_address(self) -> str:
+        if self.config.advertise:
+            return self.config.advertise
+        host, port = parse_hostport(self.host.grpc_address)
+        if host in _WILDCARD_HOSTS:
+            _log.warning(
+                "listening on a wildcard address; advertising 127.0.0.1 — pass --advertise",
+                extra={"listen": self.host.grpc_address},
+            )
+            host = "127.0.0.1"
+        return format_hostport(host, port)
+
+    async def start(self) -> None:
+        await self.host.start()
+        cfg = self.config
+        self.identity = ReplicaIdentity(
+            replica_id=cfg.replica_id or f"worker-{self.host.grpc_port}",
+            address=self._advertised_address(),
+            model=cfg.model,
+            version=cfg.version,
+            hardware=cfg.hardware,
+            slots=cfg.slots,
+            speed=cfg.speed,
+        )
+        self.host.set_ready(True)
+        _log.info(
+            "worker ready",
+            extra={
+                "replica_id": self.identity.replica_id,
+                "address": self.identity.address,
+                "model": cfg.model,
+                "version": cfg.version,
+                "slots": cfg.slots,
+                "speed": cfg.speed,
+                "faults": self.faults.active,
+            },
+        )
+        if cfg.controller:
+            identity = self.identity
+            self.session = ControllerSession(
+                target=cfg.controller,
+                fleet_token=cfg.fleet_token,
+                descriptor=identity.to_proto,
+                load=lambda: self.replica.load().to_proto(),
+                on_drain=lambda reason: self.drain(self.config.serving.grace_s, reason),
+                channel_credentials=(
+                    cfg.controller_tls.channel_credentials() if cfg.controller_tls else None
+                ),
+                backoff=cfg.reconnect,
+                rng=SeededRng(cfg.seed + 2),
+                metrics=self.metrics,
+            )
+            self.session.start()
+        else:
+            _log.info("no --controller given: running standalone, not registered in a fleet")
+
+    async def drain(self, grace_s: float, reason: str = "drain requested") -> DrainResult:
+        """Readiness off, finish or cancel in-flight batches, deregister. Idempotent."""
+        if self._drain_task is None:
+            _log.info("draining", extra={"reason": reason, "grace_s": grace_s})
+            self._drain_task = asyncio.get_running_loop().create_task(self._drain(grace_s))
+        return await asyncio.shield(self._drain_task)
+
+    async def _drain(self, grace_s: float) -> DrainResult:
+        self.host.set_ready(False)
+        self.metrics.draining.set(1)
+        self.replica.stop_accepting()
+        if self.session is not None:
+            self.session.send_heartbeat_now()  # tell the controller now, not at the next beat
+        result = await self.replica.drain(grace_s)
+        if self.session is not None:
+            await self.session.close()
+        _log.info(
+            "drained",
+            extra={"finished": result.batches_finished, "cancelled": result.batches_cancelled},
+        )
+        return result
+
+    async def stop(self) -> None:
+        if self.session is not None:
+            await self.session.close()
+        await self.host.stop()
+
+    async def run_until_signal(self) -> None:
+        """Start, serve until SIGTERM/SIGINT, then drain within the grace and stop."""
+        await self.start()
+        await self.host.serve_until_signal(
+            on_shutdown=lambda: self._drain_for_shutdown(self.config.serving.grace_s)
+        )
+        if self.session is not None:
+            await self.session.close()
+
+    async def _drain_for_shutdown(self, grace_s: float) -> None:
+        await self.drain(grace_s, "shutting down")

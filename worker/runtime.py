@@ -1,0 +1,178 @@
+"""The model runtime interface and the simulated GPU behind it.
+
+What it decides: what executing a batch means to the worker — per-item outputs, token usage
+and the device time spent — behind a small protocol, so a real runtime is one adapter away.
+:class:`SimulatedDevice` is the calibrated stand-in (design section 1): a batch takes
+``(intercept + slope * batch tokens) / speed * (1 + (2U - 1) * jitter)`` where batch tokens are
+``Σ (input_tokens + max_output_tokens)``, exactly the cost shape of the benchmark workload.
+
+Why it honours cancellation by construction: the device "runs" by awaiting a sleep, so an
+``asyncio.CancelledError`` (a cancelled RPC, a drain running out of grace) frees the device at
+once instead of letting a hedge loser burn capacity (known defect 7). Faults are injected per
+batch by a :class:`~worker.faults.FaultInjector`. Nothing here knows about gRPC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.clock import Clock, MonotonicClock
+from common.rng import Rng, SeededRng
+from worker.faults import FaultInjector, FaultKind
+
+__all__ = [
+    "MAX_OUTPUT_WORDS",
+    "DeviceFault",
+    "ItemOutput",
+    "ModelRuntime",
+    "RuntimeResult",
+    "SimulatedDevice",
+    "WorkItem",
+    "batch_tokens",
+    "generate_text",
+]
+
+# Generated text is a short stand-in: at most this many words, however many tokens were asked.
+MAX_OUTPUT_WORDS = 24
+
+_VOCABULARY = (
+    "amber", "basalt", "cedar", "delta", "ember", "fjord", "garnet", "harbor", "indigo",
+    "juniper", "kelp", "lagoon", "meadow", "nimbus", "opal", "prairie", "quartz", "river",
+    "sierra", "tundra", "umber", "valley", "willow", "xenon", "yarrow", "zephyr", "aurora",
+    "boreal", "canyon", "dune", "estuary", "glacier",
+)  # fmt: skip
+
+
+class DeviceFault(Exception):
+    """The device failed the batch (a real runtime error, or an injected fault)."""
+
+
+@dataclass(frozen=True)
+class WorkItem:
+    """One request in a batch, as the runtime sees it."""
+
+    id: str
+    input: str
+    input_tokens: int
+    max_output_tokens: int
+
+
+@dataclass(frozen=True)
+class ItemOutput:
+    """One item's result."""
+
+    id: str
+    output: str
+    input_tokens: int
+    output_tokens: int
+
+
+@dataclass(frozen=True)
+class RuntimeResult:
+    """A finished batch: outputs in item order, measured device time, total work tokens."""
+
+    outputs: tuple[ItemOutput, ...]
+    device_time_s: float
+    batch_tokens: int
+
+
+class ModelRuntime(Protocol):
+    """What the worker needs from a model runtime."""
+
+    def estimate_s(self, batch_tokens: int) -> float:
+        """Predicted device time of a batch of ``batch_tokens`` work tokens (no jitter)."""
+        ...
+
+    async def execute(self, items: Sequence[WorkItem]) -> RuntimeResult:
+        """Run the batch; raises :class:`DeviceFault` on failure; cancellable at any await."""
+        ...
+
+
+def batch_tokens(items: Sequence[WorkItem]) -> int:
+    """Work tokens of a batch: every item's prompt plus its generation budget."""
+    return sum(item.input_tokens + item.max_output_tokens for item in items)
+
+
+def generate_text(prompt: str, output_tokens: int) -> str:
+    """Deterministic stand-in output: words drawn from a hash of the prompt.
+
+    ``min(output_tokens, MAX_OUTPUT_WORDS)`` words; the same prompt always gives the same text.
+    """
+    words = min(output_tokens, MAX_OUTPUT_WORDS)
+    digest = b""
+    counter = 0
+    while len(digest) < words:
+        digest += hashlib.sha256(f"{counter}:{prompt}".encode()).digest()
+        counter += 1
+    return " ".join(_VOCABULARY[b % len(_VOCABULARY)] for b in digest[:words])
+
+
+def _never() -> Awaitable[None]:
+    """An await that only ends by cancellation: a hung device."""
+    return asyncio.get_running_loop().create_future()
+
+
+class SimulatedDevice:
+    """A calibrated simulated accelerator (see the module docstring for the cost model)."""
+
+    def __init__(
+        self,
+        *,
+        intercept_ms: float = 18.0,
+        ms_per_token: float = 0.022,
+        speed: float = 1.0,
+        jitter: float = 0.08,
+        seed: int = 0,
+        rng: Rng | None = None,
+        clock: Clock | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+        faults: FaultInjector | None = None,
+    ) -> None:
+        if intercept_ms < 0 or ms_per_token < 0:
+            raise ValueError("intercept_ms and ms_per_token must be >= 0")
+        if speed <= 0:
+            raise ValueError("speed must be > 0")
+        if not 0 <= jitter < 1:
+            raise ValueError("jitter must be in [0, 1)")
+        self.intercept_ms = intercept_ms
+        self.ms_per_token = ms_per_token
+        self.speed = speed
+        self.jitter = jitter
+        self._rng: Rng = rng if rng is not None else SeededRng(seed)
+        self._clock: Clock = clock if clock is not None else MonotonicClock()
+        self._sleep = sleep
+        self._faults = faults
+
+    def estimate_s(self, batch_tokens: int) -> float:
+        return (self.intercept_ms + self.ms_per_token * batch_tokens) / self.speed / 1000.0
+
+    def sample_s(self, batch_tokens: int) -> float:
+        """One draw of the device time for a batch (consumes one random number)."""
+        u = self._rng.random()
+        return self.estimate_s(batch_tokens) * (1.0 + (2.0 * u - 1.0) * self.jitter)
+
+    async def execute(self, items: Sequence[WorkItem]) -> RuntimeResult:
+        tokens = batch_tokens(items)
+        started = self._clock.now()
+        plan = self._faults.plan() if self._faults is not None else None
+        if plan is not None and plan.kind is FaultKind.FAIL:
+            await self._sleep(plan.fail_after_s)
+            raise DeviceFault("injected device fault")
+        if plan is not None and plan.kind is FaultKind.HANG:
+            await _never()
+        duration = self.sample_s(tokens) * (plan.slowdown if plan is not None else 1.0)
+        await self._sleep(duration)
+        outputs = tuple(
+            ItemOutput(
+                id=item.id,
+                output=generate_text(item.input, item.max_output_tokens),
+                input_tokens=item.input_tokens,
+                output_tokens=item.max_output_tokens,
+            )
+            for item in items
+        )
+        return RuntimeResult(outputs, self._clock.now() - started, tokens)
