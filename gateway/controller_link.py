@@ -1,0 +1,170 @@
+"""The gateway's two streams to the controller, kept alive with backoff.
+
+* ``WatchFleet`` (server stream): fleet snapshots in, applied as they arrive.
+* ``ReportOutcomes`` (client stream): request and batch outcomes out, flushed every second.
+
+The data path never waits on either. If the controller goes away the gateway keeps serving
+on the last snapshot, outcome reports queue in a bounded buffer (oldest dropped first, and
+counted), and both streams reconnect with capped exponential backoff and jitter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+
+import grpc
+
+from common.auth import bearer_metadata
+from common.backoff import Backoff
+from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
+
+log = logging.getLogger("halcyon.gateway.controller_link")
+
+MAX_BUFFERED_OUTCOMES = 50_000
+
+
+class ControllerLink:
+    """Subscribes to fleet snapshots and streams outcome reports."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        gateway_id: str,
+        fleet_token: str,
+        on_snapshot: Callable[[control_pb2.WatchFleetResponse], None],
+        report_status: Callable[[], tuple[int, int, list[fleet_pb2.CostModel]]],
+        report_interval_s: float = 1.0,
+    ) -> None:
+        self._stub = control_pb2_grpc.ControlServiceStub(channel)
+        self._gateway_id = gateway_id
+        self._metadata = bearer_metadata(fleet_token)
+        self._on_snapshot = on_snapshot
+        self._report_status = report_status
+        self._interval = report_interval_s
+        self._requests: deque[control_pb2.RequestOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
+        self._batches: deque[control_pb2.BatchOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
+        self.dropped_outcomes = 0
+        self.connected = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._backoff = Backoff(initial_s=0.1, max_s=5.0)
+        self._rng = random.Random()
+
+    # -- outcomes (called on the data path: O(1), never blocks) --------------------------
+    def record_request(self, outcome: control_pb2.RequestOutcome) -> None:
+        if len(self._requests) == self._requests.maxlen:
+            self.dropped_outcomes += 1
+        self._requests.append(outcome)
+
+    def record_batch(self, outcome: control_pb2.BatchOutcome) -> None:
+        if len(self._batches) == self._batches.maxlen:
+            self.dropped_outcomes += 1
+        self._batches.append(outcome)
+
+    # -- lifecycle ------------------------------------------------------------------------
+    def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._watch_forever(), name="watch-fleet"),
+            asyncio.create_task(self._report_forever(), name="report-outcomes"),
+        ]
+
+    async def stop(self, flush: bool = True) -> None:
+        if flush:
+            # One last report so the controller sees the outcomes of a draining gateway.
+            with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+                await asyncio.wait_for(self._send_once(), timeout=1.0)
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _watch_forever(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                stream = self._stub.WatchFleet(
+                    control_pb2.WatchFleetRequest(gateway_id=self._gateway_id),
+                    metadata=self._metadata,
+                )
+                async for snapshot in stream:
+                    if not self.connected:
+                        log.info("subscribed to fleet", extra={"generation": snapshot.generation})
+                    self.connected = True
+                    attempt = 0
+                    self._on_snapshot(snapshot)
+                if self.connected:
+                    log.warning("the controller closed the fleet stream; resubscribing")
+                self.connected = False
+                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                attempt += 1
+            except grpc.aio.AioRpcError as err:
+                if self.connected:
+                    log.warning(
+                        "lost the controller; serving on the last fleet snapshot",
+                        extra={"code": err.code().name, "detail": err.details()},
+                    )
+                self.connected = False
+                if err.code() in (
+                    grpc.StatusCode.UNAUTHENTICATED,
+                    grpc.StatusCode.PERMISSION_DENIED,
+                ):
+                    log.error(
+                        "the controller refused the fleet credential",
+                        extra={"detail": err.details()},
+                    )
+                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                attempt += 1
+
+    def _drain_buffers(self) -> control_pb2.ReportOutcomesRequest | None:
+        if not self._requests and not self._batches:
+            limit, inflight, models = self._report_status()
+            # Still report status so GetState shows a live gateway with its limit.
+            return control_pb2.ReportOutcomesRequest(
+                gateway_id=self._gateway_id,
+                concurrency_limit=limit,
+                inflight=inflight,
+                cost_models=models,
+            )
+        requests = list(self._requests)
+        batches = list(self._batches)
+        self._requests.clear()
+        self._batches.clear()
+        limit, inflight, models = self._report_status()
+        return control_pb2.ReportOutcomesRequest(
+            gateway_id=self._gateway_id,
+            requests=requests,
+            batches=batches,
+            concurrency_limit=limit,
+            inflight=inflight,
+            cost_models=models,
+        )
+
+    async def _reports(self) -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
+        while True:
+            report = self._drain_buffers()
+            if report is not None:
+                yield report
+            await asyncio.sleep(self._interval)
+
+    async def _report_forever(self) -> None:
+        attempt = 0
+        while True:
+            try:
+                await self._stub.ReportOutcomes(self._reports(), metadata=self._metadata)
+                attempt = 0
+            except grpc.aio.AioRpcError:
+                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                attempt += 1
+
+    async def _send_once(self) -> None:
+        report = self._drain_buffers()
+        if report is None:
+            return
+
+        async def one() -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
+            yield report
+
+        await self._stub.ReportOutcomes(one(), metadata=self._metadata)

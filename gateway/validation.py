@@ -1,0 +1,93 @@
+"""What makes an Infer request well-formed, and what it costs.
+
+Every malformed field becomes INVALID_ARGUMENT with a BadRequest violation naming the field,
+never a crash or UNKNOWN. The effective deadline is the earlier of the gRPC deadline and the
+request's own ``timeout`` (for clients such as grpcurl that cannot always set one); with
+neither, the gateway's default applies. Work is counted in tokens (prompt + generated),
+the unit the device cost model, the batcher and the quotas all use.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from common.errors import invalid_argument
+from halcyon.v1 import infer_pb2
+
+MAX_INPUT_BYTES = 65_536
+MAX_OUTPUT_TOKENS = 4_096
+DEFAULT_OUTPUT_TOKENS = 64
+MAX_MODEL_NAME = 128
+MAX_SESSION_KEY = 256
+BYTES_PER_TOKEN = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ValidRequest:
+    """An Infer request that passed validation, with its derived costs."""
+
+    model: str
+    input: str
+    input_tokens: int
+    max_output_tokens: int
+    session_key: str
+    priority: int  # infer_pb2.Priority value; UNSPECIFIED means the tenant's default
+    bulk: bool
+    timeout_s: float  # from receipt; the effective deadline
+
+    @property
+    def work_tokens(self) -> int:
+        return self.input_tokens + self.max_output_tokens
+
+
+def count_input_tokens(text: str) -> int:
+    """A tokenizer-free estimate: about four bytes of UTF-8 per token, at least one."""
+    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
+
+
+def validate(
+    req: infer_pb2.InferRequest,
+    grpc_time_remaining_s: float | None,
+    default_timeout_s: float,
+) -> ValidRequest:
+    """Check every field; raise a RichError naming the first bad one."""
+    if not req.model:
+        raise invalid_argument("model", "required; name the model to run")
+    if len(req.model) > MAX_MODEL_NAME:
+        raise invalid_argument("model", f"at most {MAX_MODEL_NAME} characters")
+    if not req.input:
+        raise invalid_argument("input", "required; the prompt must not be empty")
+    size = len(req.input.encode())
+    if size > MAX_INPUT_BYTES:
+        raise invalid_argument("input", f"{size} bytes; at most {MAX_INPUT_BYTES}")
+    out = req.max_output_tokens or DEFAULT_OUTPUT_TOKENS
+    if out > MAX_OUTPUT_TOKENS:
+        raise invalid_argument(
+            "max_output_tokens", f"{out} is above the limit of {MAX_OUTPUT_TOKENS}"
+        )
+    if len(req.session_key) > MAX_SESSION_KEY:
+        raise invalid_argument("session_key", f"at most {MAX_SESSION_KEY} characters")
+    if req.priority not in infer_pb2.Priority.values():
+        raise invalid_argument("priority", f"unknown value {req.priority}")
+    if req.lane not in infer_pb2.Lane.values():
+        raise invalid_argument("lane", f"unknown value {req.lane}")
+    timeout_s = default_timeout_s if grpc_time_remaining_s is None else grpc_time_remaining_s
+    if req.HasField("timeout"):
+        t = req.timeout
+        if t.seconds < 0 or t.nanos < 0 or t.nanos >= 1_000_000_000:
+            raise invalid_argument("timeout", 'must be a positive duration such as "2s"')
+        requested = t.seconds + t.nanos / 1e9
+        if requested <= 0:
+            raise invalid_argument("timeout", "must be positive")
+        timeout_s = min(timeout_s, requested) if grpc_time_remaining_s is not None else requested
+    return ValidRequest(
+        model=req.model,
+        input=req.input,
+        input_tokens=count_input_tokens(req.input),
+        max_output_tokens=out,
+        session_key=req.session_key,
+        priority=req.priority,
+        bulk=req.lane == infer_pb2.LANE_BULK,
+        timeout_s=timeout_s,
+    )

@@ -1,0 +1,68 @@
+"""One gRPC channel per replica address, opened when a replica joins and closed when it leaves.
+
+Channels are long-lived HTTP/2 connections; opening one per batch would cost more than the
+batch. A channel of a replica that left is closed after a grace period so batches already
+dispatched to it can still answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+
+from halcyon.v1 import worker_pb2_grpc
+
+CLOSE_GRACE_S = 30.0
+
+
+class WorkerPool:
+    """Stubs for the replicas a gateway may dispatch to, keyed by replica id."""
+
+    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
+        self._credentials = credentials
+        self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
+        self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
+        self._closing: set[asyncio.Task[None]] = set()
+
+    def open(self, replica_id: str, address: str) -> None:
+        current = self._channels.get(replica_id)
+        if current is not None and current[0] == address:
+            return
+        if current is not None:
+            self.close(replica_id)
+        options = [
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.max_receive_message_length", 64 << 20),
+        ]
+        if self._credentials is None:
+            channel = grpc.aio.insecure_channel(address, options=options)
+        else:
+            channel = grpc.aio.secure_channel(address, self._credentials, options=options)
+        self._channels[replica_id] = (address, channel)
+        self._stubs[replica_id] = worker_pb2_grpc.WorkerServiceStub(channel)
+
+    def stub(self, replica_id: str) -> worker_pb2_grpc.WorkerServiceStub | None:
+        return self._stubs.get(replica_id)
+
+    def close(self, replica_id: str, grace_s: float = CLOSE_GRACE_S) -> None:
+        entry = self._channels.pop(replica_id, None)
+        self._stubs.pop(replica_id, None)
+        if entry is None:
+            return
+        task = asyncio.create_task(self._close_later(entry[1], grace_s))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_later(channel: grpc.aio.Channel, grace_s: float) -> None:
+        await asyncio.sleep(grace_s)
+        await channel.close()
+
+    async def close_all(self) -> None:
+        for task in list(self._closing):
+            task.cancel()
+        channels = [ch for _addr, ch in self._channels.values()]
+        self._channels.clear()
+        self._stubs.clear()
+        await asyncio.gather(*(ch.close() for ch in channels), return_exceptions=True)

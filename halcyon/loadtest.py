@@ -1,0 +1,314 @@
+"""``halcyon loadtest``: drive real load at a running gateway and report what users would see.
+
+Closed loop (``--clients N``): each client sends its next request as soon as the previous one
+is answered, like a pool of interactive users. Open loop (``--rate R``): Poisson arrivals at R
+req/s regardless of how fast answers come back, so a slow server cannot hide its tail latency
+by slowing the load down (coordinated omission).
+
+The request mix follows the original system's load test: max output tokens uniform in
+[64, 255], one session key per client, a 2 s deadline carried as the gRPC deadline. Requests
+are serialized once up front so the load generator spends its CPU on calls, not on protobuf.
+
+With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total``
+before and after the run and reports the gateway's CPU time per request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import random
+import sys
+import time
+import urllib.request
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from common.errors import parse_rpc_error
+from halcyon.v1 import infer_pb2
+
+INFER_METHOD = "/halcyon.v1.InferService/Infer"
+
+
+@dataclass
+class Tally:
+    """Everything measured during a run; one per process, merged at the end."""
+
+    started: float = 0.0
+    latencies_ms: list[float] = field(default_factory=list)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    versions: Counter[str] = field(default_factory=Counter)
+    batch_sizes: list[int] = field(default_factory=list)
+    hedged: int = 0
+    sent: int = 0
+    client_dropped: int = 0
+
+    @property
+    def ok(self) -> int:
+        return self.outcomes.get("OK", 0)
+
+    @property
+    def answered(self) -> int:
+        return sum(self.outcomes.values())
+
+
+def _quantile(sorted_values: list[float], q: float) -> float:
+    if not sorted_values:
+        return math.nan
+    rank = max(1, math.ceil(q * len(sorted_values)))
+    return sorted_values[rank - 1]
+
+
+def _request_pool(model: str, session: str, rng: random.Random, size: int = 32) -> list[bytes]:
+    words = ["summarise", "the", "quarterly", "report", "for", "our", "fleet", "please"]
+    pool = []
+    for _ in range(size):
+        req = infer_pb2.InferRequest(
+            model=model,
+            input=" ".join(rng.choice(words) for _ in range(rng.randint(4, 16))),
+            max_output_tokens=rng.randint(64, 255),
+            session_key=session,
+        )
+        pool.append(req.SerializeToString())
+    return pool
+
+
+class LoadGenerator:
+    """Sends pre-serialized Infer requests and records how each one ended."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.tally = Tally()
+        self.rng = random.Random(args.seed)
+        self.metadata = (("x-api-key", args.api_key),)
+        self.deadline_s = args.deadline_ms / 1000.0
+        self.channel = grpc.aio.insecure_channel(
+            args.target, options=[("grpc.max_concurrent_streams", 10_000)]
+        )
+        self.call = self.channel.unary_unary(
+            INFER_METHOD,
+            request_serializer=None,
+            response_deserializer=infer_pb2.InferResponse.FromString,
+        )
+
+    async def one(self, payload: bytes) -> None:
+        t0 = time.perf_counter()
+        self.tally.sent += 1
+        try:
+            resp = await self.call(payload, timeout=self.deadline_s, metadata=self.metadata)
+        except grpc.aio.AioRpcError as err:
+            rich = parse_rpc_error(err)
+            key = err.code().name + (f"/{rich.reason}" if rich.reason else "")
+            self.tally.outcomes[key] += 1
+            return
+        self.tally.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+        self.tally.outcomes["OK"] += 1
+        self.tally.versions[resp.version] += 1
+        self.tally.batch_sizes.append(resp.batch.size)
+        if resp.hedged:
+            self.tally.hedged += 1
+
+    async def closed_loop(self, stop_at: float) -> None:
+        async def client(i: int) -> None:
+            pool = _request_pool(self.args.model, f"client-{i}", random.Random(self.args.seed + i))
+            n = 0
+            while time.perf_counter() < stop_at:
+                await self.one(pool[n % len(pool)])
+                n += 1
+
+        await asyncio.gather(*(client(i) for i in range(self.args.clients)))
+
+    async def open_loop(self, stop_at: float) -> None:
+        pools = [
+            _request_pool(self.args.model, f"session-{i}", random.Random(self.args.seed + i), 8)
+            for i in range(256)
+        ]
+        inflight: set[asyncio.Task[None]] = set()
+        next_at = time.perf_counter()
+        while True:
+            next_at += -math.log(1.0 - self.rng.random()) / self.args.rate
+            if next_at >= stop_at:
+                break
+            delay = next_at - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            if len(inflight) >= self.args.max_inflight:
+                self.tally.client_dropped += 1
+                continue
+            pool = pools[self.rng.randrange(len(pools))]
+            task = asyncio.create_task(self.one(pool[self.rng.randrange(len(pool))]))
+            inflight.add(task)
+            task.add_done_callback(inflight.discard)
+        if inflight:
+            await asyncio.gather(*inflight)
+
+    async def progress(self, stop_at: float) -> None:
+        last_n, last_t = 0, time.perf_counter()
+        while True:
+            await asyncio.sleep(1.0)
+            now = time.perf_counter()
+            n = self.tally.answered
+            lat = sorted(self.tally.latencies_ms[-2000:])
+            print(
+                f"\r[{now - self.tally.started:5.1f}s] {n:7d} answered  "
+                f"{(n - last_n) / (now - last_t):7.1f} req/s  "
+                f"ok {100.0 * self.tally.ok / max(1, n):6.2f}%  "
+                f"p99 {_quantile(lat, 0.99):6.1f} ms",
+                end="",
+                file=sys.stderr,
+                flush=True,
+            )
+            last_n, last_t = n, now
+            if now >= stop_at:
+                return
+
+    async def run(self) -> Tally:
+        # One warm-up call so channel setup is not billed to the first measured requests.
+        try:
+            await asyncio.wait_for(self.channel.channel_ready(), timeout=10.0)
+        except TimeoutError:
+            raise ConnectionError(
+                f"no gateway answered at {self.args.target} within 10 s"
+            ) from None
+        self.tally.started = time.perf_counter()
+        stop_at = self.tally.started + self.args.seconds
+        show = self.args.progress or (sys.stderr.isatty() and not self.args.json)
+        progress = asyncio.create_task(self.progress(stop_at)) if show else None
+        if self.args.rate:
+            await self.open_loop(stop_at)
+        else:
+            await self.closed_loop(stop_at)
+        elapsed = time.perf_counter() - self.tally.started
+        if progress:
+            progress.cancel()
+            print(file=sys.stderr)
+        await self.channel.close()
+        self.tally.started = elapsed  # reuse as the run's wall time
+        return self.tally
+
+
+def read_cpu_seconds(metrics_address: str) -> float | None:
+    """The gateway's process_cpu_seconds_total, or None if it cannot be read."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = metrics_address if "://" in metrics_address else f"http://{metrics_address}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            text = resp.read().decode()
+    except OSError:
+        return None
+    for family in text_string_to_metric_families(text):
+        if family.name == "process_cpu_seconds":
+            for sample in family.samples:
+                return float(sample.value)
+    return None
+
+
+def summarize(tally: Tally, elapsed: float, cpu_s: float | None) -> dict[str, Any]:
+    lat = sorted(tally.latencies_ms)
+    answered = tally.answered
+    return {
+        "requests": answered,
+        "success_rate": tally.ok / answered if answered else 0.0,
+        "throughput_rps": answered / elapsed if elapsed else 0.0,
+        "goodput_rps": tally.ok / elapsed if elapsed else 0.0,
+        "p50_ms": _quantile(lat, 0.50),
+        "p95_ms": _quantile(lat, 0.95),
+        "p99_ms": _quantile(lat, 0.99),
+        "max_ms": lat[-1] if lat else math.nan,
+        "mean_batch_size": sum(tally.batch_sizes) / len(tally.batch_sizes)
+        if tally.batch_sizes
+        else 0.0,
+        "hedge_rate": tally.hedged / tally.ok if tally.ok else 0.0,
+        "outcomes": dict(sorted(tally.outcomes.items())),
+        "versions": dict(sorted(tally.versions.items())),
+        "client_dropped": tally.client_dropped,
+        "elapsed_s": elapsed,
+        "gateway_cpu_ms_per_request": (cpu_s * 1000.0 / answered) if cpu_s and answered else None,
+    }
+
+
+def render(report: dict[str, Any]) -> str:
+    lines = [
+        f"  requests        {report['requests']:<10d}  success rate    "
+        f"{100.0 * report['success_rate']:.2f}%",
+        f"  throughput      {report['throughput_rps']:.1f} req/s   goodput "
+        f"{report['goodput_rps']:.1f} req/s",
+        f"  p50/p95/p99     {report['p50_ms']:.0f} / {report['p95_ms']:.0f} / "
+        f"{report['p99_ms']:.0f} ms   (max {report['max_ms']:.0f} ms)",
+        f"  mean batch size {report['mean_batch_size']:.2f}   hedge rate "
+        f"{100.0 * report['hedge_rate']:.2f}%",
+        "  outcomes        " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()),
+        "  versions        "
+        + (", ".join(f"{k} {v}" for k, v in report["versions"].items()) or "-"),
+    ]
+    if report["client_dropped"]:
+        lines.append(
+            f"  client dropped  {report['client_dropped']} (open loop over --max-inflight)"
+        )
+    if report["gateway_cpu_ms_per_request"] is not None:
+        lines.append(f"  gateway CPU     {report['gateway_cpu_ms_per_request']:.3f} ms per request")
+    return "\n".join(lines)
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Drive a running gateway with closed-loop clients (--clients) or open-loop Poisson "
+        "arrivals (--rate) and report success, throughput, latency quantiles, batch sizes, "
+        "outcomes by status/reason, hedge rate and version split."
+    )
+    parser.add_argument("--target", default="127.0.0.1:50051", help="gateway host:port")
+    parser.add_argument("--api-key", default="demo-key-premium", help="tenant API key")
+    parser.add_argument("--model", default="llama-3-8b", help="model to call")
+    parser.add_argument("--clients", type=int, default=32, help="closed-loop clients (default 32)")
+    parser.add_argument(
+        "--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second"
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="run length (default 20)")
+    parser.add_argument(
+        "--deadline-ms", type=float, default=2000.0, help="per-request deadline (default 2000)"
+    )
+    parser.add_argument(
+        "--max-inflight", type=int, default=4096, help="open loop: cap on outstanding requests"
+    )
+    parser.add_argument("--seed", type=int, default=1, help="seed for the request mix")
+    parser.add_argument(
+        "--gateway-metrics",
+        metavar="HOST:PORT",
+        help="gateway metrics address; reports the gateway's CPU time per request",
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--progress", action="store_true", help="live progress even off a TTY")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.clients < 1 and not args.rate:
+        print("loadtest: --clients must be at least 1 (or give --rate)", file=sys.stderr)
+        return 2
+    if args.seconds <= 0:
+        print("loadtest: --seconds must be positive", file=sys.stderr)
+        return 2
+    cpu_before = read_cpu_seconds(args.gateway_metrics) if args.gateway_metrics else None
+    if args.gateway_metrics and cpu_before is None:
+        print(f"loadtest: cannot read {args.gateway_metrics}/metrics", file=sys.stderr)
+    gen = LoadGenerator(args)
+    try:
+        tally = asyncio.run(asyncio.wait_for(gen.run(), timeout=args.seconds + 60))
+    except (ConnectionError, TimeoutError, grpc.aio.AioRpcError) as err:
+        print(f"loadtest: {err}", file=sys.stderr)
+        return 1
+    cpu_after = read_cpu_seconds(args.gateway_metrics) if args.gateway_metrics else None
+    cpu = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
+    report = summarize(tally, tally.started, cpu)
+    mode = f"open loop {args.rate:g} req/s" if args.rate else f"{args.clients} clients"
+    if args.json:
+        print(json.dumps({"mode": mode, **report}))
+    else:
+        print(f"halcyon loadtest — {mode}, {args.seconds:g} s against {args.target}")
+        print(render(report))
+    return 0
