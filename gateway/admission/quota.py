@@ -1,0 +1,119 @@
+"""Per-tenant quotas: one token bucket per tenant, charged on admission, refunded on shed.
+
+What it decides: whether a tenant's request fits its quota now; if not, a
+:class:`QuotaExceeded` carrying everything the ``RESOURCE_EXHAUSTED`` rich error needs (the
+tenant, the cost, the quota and the retry-after computed from the bucket's refill time).
+
+Why charge and refund as separate steps: the original spent quota on requests that were
+then shed, so retrying clients burned their quota on work that never ran and success fell to
+42 % (defect 9). Here a charge is a :class:`QuotaCharge` handle that can be refunded once.
+
+Quotas are per gateway instance: ``n`` gateways allow ``n`` times the burst. Quotas are
+fairness between tenants; protecting the fleet is the concurrency limiter's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from gateway.admission.tenants import TenantConfig, TenantRegistry
+from gateway.admission.token_bucket import TokenBucket
+
+__all__ = ["QuotaCharge", "QuotaExceeded", "TenantQuotas"]
+
+
+@dataclass(frozen=True)
+class QuotaExceeded:
+    """A request refused for the tenant's own quota (``RESOURCE_EXHAUSTED``)."""
+
+    tenant: str
+    cost: float
+    retry_after_s: float
+    """Seconds until the bucket holds the cost (refill time); ``inf`` if it never refills."""
+    rate: float
+    burst: float
+    reason: str = "QUOTA_EXCEEDED"
+    """The ``ErrorInfo.reason`` (``common.errors.Reason`` value)."""
+
+    @property
+    def subject(self) -> str:
+        """``QuotaFailure.Violation.subject``."""
+        return f"tenant:{self.tenant}"
+
+    @property
+    def description(self) -> str:
+        return (
+            f"request needs {self.cost:.0f} work tokens; quota is {self.rate:.0f}/s "
+            f"with burst {self.burst:.0f}"
+        )
+
+
+@dataclass(eq=False)
+class QuotaCharge:
+    """Tokens taken from one tenant for one admitted request; refundable once."""
+
+    tenant: str
+    cost: float
+    _refunded: bool = field(default=False, repr=False)
+
+    @property
+    def refunded(self) -> bool:
+        return self._refunded
+
+
+class TenantQuotas:
+    """A bucket per tenant in a :class:`TenantRegistry`, created full on first use."""
+
+    def __init__(self, registry: TenantRegistry) -> None:
+        self._registry = registry
+        self._buckets: dict[str, TokenBucket] = {}
+
+    @property
+    def registry(self) -> TenantRegistry:
+        return self._registry
+
+    def _bucket(self, tenant: TenantConfig, now: float) -> TokenBucket:
+        bucket = self._buckets.get(tenant.name)
+        if bucket is None:
+            bucket = TokenBucket(tenant.rate, tenant.burst, now)
+            self._buckets[tenant.name] = bucket
+        return bucket
+
+    def check(self, tenant: TenantConfig, cost: float, now: float) -> QuotaExceeded | None:
+        """None if ``cost`` fits now, else the refusal with its retry-after. Charges nothing."""
+        bucket = self._bucket(tenant, now)
+        wait = bucket.time_until(cost, now)
+        if wait <= 0.0:
+            return None
+        return QuotaExceeded(tenant.name, cost, wait, bucket.rate, bucket.burst)
+
+    def charge(self, tenant: TenantConfig, cost: float, now: float) -> QuotaCharge | QuotaExceeded:
+        """Take ``cost`` tokens if they fit now."""
+        refusal = self.check(tenant, cost, now)
+        if refusal is not None:
+            return refusal
+        self._bucket(tenant, now).take(cost, now)
+        return QuotaCharge(tenant.name, cost)
+
+    def refund(self, charge: QuotaCharge, now: float) -> bool:
+        """Return a charge's tokens (request shed before doing work). False if already done."""
+        if charge._refunded:
+            return False
+        charge._refunded = True
+        bucket = self._buckets.get(charge.tenant)
+        if bucket is not None:
+            bucket.refund(charge.cost, now)
+        return True
+
+    def available(self, tenant: TenantConfig, now: float) -> float:
+        return self._bucket(tenant, now).tokens(now)
+
+    def reload(self, registry: TenantRegistry, now: float) -> None:
+        """Adopt a new tenant config; balances carry over, removed tenants are forgotten."""
+        self._registry = registry
+        for name in list(self._buckets):
+            tenant = registry.get(name)
+            if tenant is None:
+                del self._buckets[name]
+            else:
+                self._buckets[name].reconfigure(tenant.rate, tenant.burst, now)
