@@ -87,9 +87,10 @@ class LoadGenerator:
         self.rng = random.Random(args.seed)
         self.metadata = (("x-api-key", args.api_key),)
         self.deadline_s = args.deadline_ms / 1000.0
-        self.channel = grpc.aio.insecure_channel(
-            args.target, options=[("grpc.max_concurrent_streams", 10_000)]
-        )
+
+    def _connect(self) -> None:
+        # grpc.aio binds a channel to the running loop: create it inside ``run``.
+        self.channel = grpc.aio.insecure_channel(self.args.target)
         self.call = self.channel.unary_unary(
             INFER_METHOD,
             request_serializer=None,
@@ -168,7 +169,8 @@ class LoadGenerator:
                 return
 
     async def run(self) -> Tally:
-        # One warm-up call so channel setup is not billed to the first measured requests.
+        self._connect()
+        # Connect first so channel setup is not billed to the first measured requests.
         try:
             await asyncio.wait_for(self.channel.channel_ready(), timeout=10.0)
         except TimeoutError:

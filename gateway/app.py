@@ -1,0 +1,571 @@
+"""The gateway process: the Infer path wired from the four policies, plus its soft state.
+
+What it decides: the order of the four decisions for every request — admission (tenant quota,
+then the adaptive limit with priority shedding), version (sticky hash over the controller's
+weights), batching and routing (one :class:`~gateway.dispatcher.VersionDispatcher` per
+(model, version)) — and how each outcome is charged back: the limiter learns only from
+successes, quota is refunded for shed work, and every request's outcome is reported to the
+controller as canary evidence. The fleet view is soft state pushed by the controller; when the
+controller is away the gateway keeps serving on the last snapshot.
+
+Shutdown (SIGTERM): readiness off, new requests refused with ``UNAVAILABLE / SHUTTING_DOWN``,
+queued and in-flight work finishes within the grace period, and anything still queued after it
+gets a typed answer. No accepted request goes unanswered.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import socket
+from dataclasses import dataclass, field
+
+import grpc
+from google.protobuf import duration_pb2
+from opentelemetry import trace
+
+from common.auth import bearer_metadata
+from common.clock import Clock, MonotonicClock
+from common.errors import (
+    Reason,
+    RichError,
+    abort,
+    not_found_model,
+    quota_exceeded,
+    unauthenticated,
+    unavailable,
+)
+from common.rng import SeededRng
+from common.serving import ServiceHost, ServingOptions, TlsOptions
+from gateway.admission import (
+    AdmissionController,
+    AdmissionOutcome,
+    GradientLimiter,
+    GradientLimiterConfig,
+    Priority,
+    PriorityShedder,
+    TenantConfig,
+    TenantQuotas,
+    TenantRegistry,
+    request_cost,
+)
+from gateway.admission.quota import QuotaExceeded
+from gateway.admission.shedder import Overloaded
+from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason, Objective
+from gateway.controller_link import ControllerLink
+from gateway.dispatcher import InferResult, PendingRequest, VersionDispatcher
+from gateway.fleet_state import FleetState
+from gateway.metrics import REQUEST_OUTCOMES, SHED_REASONS, GatewayMetrics, ReplicaSample
+from gateway.routing import HedgePolicy, PeakEwmaRouter
+from gateway.validation import validate
+from gateway.worker_pool import WorkerPool
+from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
+
+log = logging.getLogger("halcyon.gateway")
+
+SERVICE_NAME = "halcyon.v1.InferService"
+# How long past its deadline the gateway waits for an answer before giving up on it itself.
+# The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
+ANSWER_GRACE_S = 0.25
+
+_PRIORITY: dict[int, Priority] = {
+    infer_pb2.PRIORITY_CRITICAL: Priority.CRITICAL,
+    infer_pb2.PRIORITY_STANDARD: Priority.STANDARD,
+    infer_pb2.PRIORITY_SHEDDABLE: Priority.SHEDDABLE,
+}
+# Rejections that mean no work was done for the request: its quota is refunded.
+_SHED_REASONS = frozenset(
+    {
+        Reason.DEADLINE_UNREACHABLE,
+        Reason.DEADLINE_MISSED,
+        Reason.QUEUE_FULL,
+        Reason.NO_CAPACITY,
+        Reason.OVERLOADED,
+        Reason.SHUTTING_DOWN,
+    }
+)
+_OK = control_pb2.REQUEST_OUTCOME_KIND_OK
+_ERROR = control_pb2.REQUEST_OUTCOME_KIND_ERROR
+_SHED = control_pb2.REQUEST_OUTCOME_KIND_SHED
+_LATE = control_pb2.REQUEST_OUTCOME_KIND_LATE
+
+
+def _duration(seconds: float) -> duration_pb2.Duration:
+    d = duration_pb2.Duration()
+    d.FromNanoseconds(max(0, int(seconds * 1e9)))
+    return d
+
+
+@dataclass
+class GatewayConfig:
+    """Everything a gateway process is told at start."""
+
+    serving: ServingOptions
+    tenants: TenantRegistry
+    controller: str | None = None
+    fleet_token: str = ""
+    gateway_id: str = field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
+    default_timeout_s: float = 10.0
+    seed: int = 0
+    objective: Objective = Objective.ON_TIME_REQUESTS
+    report_interval_s: float = 1.0
+    controller_tls: TlsOptions | None = None
+    worker_tls: TlsOptions | None = None
+    # Batching raises latency with concurrency by design (bigger batches), so the limiter
+    # tolerates a doubling before it reads a queue (Gradient2's default), and never cuts below
+    # what one batch per replica slot needs; the batcher sheds infeasible work itself.
+    limiter: GradientLimiterConfig = field(
+        default_factory=lambda: GradientLimiterConfig(
+            initial_limit=128.0, min_limit=32.0, tolerance=2.0
+        )
+    )
+
+
+class InferServicer(infer_pb2_grpc.InferServiceServicer):
+    """Thin adapter: protobuf in, :meth:`GatewayApp.infer` , protobuf or a rich status out."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self._app = app
+
+    async def Infer(
+        self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> infer_pb2.InferResponse:
+        try:
+            return await self._app.infer(request, context)
+        except RichError as err:
+            # The one place a gateway rejection becomes a status (with rich details).
+            await abort(context, err)
+
+
+class GatewayApp:
+    """One gateway: host, fleet view, dispatchers, admission, controller link."""
+
+    def __init__(self, config: GatewayConfig, *, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or MonotonicClock()
+        self.host = ServiceHost("gateway", config.serving, auth=None)
+        self.metrics = GatewayMetrics(self.host.registry)
+        self.metrics.watch_replicas(self._replica_samples)
+        self.tenants = config.tenants
+        self.admission = AdmissionController(
+            TenantQuotas(config.tenants),
+            GradientLimiter(config.limiter, now=self.clock.now()),
+            PriorityShedder(),
+        )
+        self.fleet = FleetState()
+        self.dispatchers: dict[tuple[str, str], VersionDispatcher] = {}
+        self.pool = WorkerPool(
+            config.worker_tls.channel_credentials() if config.worker_tls else None
+        )
+        self.link: ControllerLink | None = None
+        self._controller_channel: grpc.aio.Channel | None = None
+        self._fleet_md = bearer_metadata(config.fleet_token) if config.fleet_token else ()
+        self._ids = itertools.count(1)
+        self._id_prefix = config.gateway_id
+        self._seeds = itertools.count(config.seed)
+        self._closing = False
+        self._inflight = 0
+        self._tracer = trace.get_tracer("halcyon.gateway")
+        self.host.add_service(
+            infer_pb2_grpc.add_InferServiceServicer_to_server, InferServicer(self), SERVICE_NAME
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        await self.host.start()
+        cfg = self.config
+        if cfg.controller:
+            if cfg.controller_tls is not None:
+                channel = grpc.aio.secure_channel(
+                    cfg.controller, cfg.controller_tls.channel_credentials()
+                )
+            else:
+                channel = grpc.aio.insecure_channel(cfg.controller)
+            self._controller_channel = channel
+            self.link = ControllerLink(
+                channel,
+                cfg.gateway_id,
+                cfg.fleet_token,
+                self.apply_snapshot,
+                self._report_status,
+                cfg.report_interval_s,
+            )
+            self.link.start()
+        else:
+            log.warning("no --controller given: the gateway has no fleet and will not be ready")
+        log.info(
+            "gateway serving",
+            extra={"grpc": self.host.grpc_address, "controller": cfg.controller or ""},
+        )
+
+    async def run_until_signal(self) -> None:
+        await self.start()
+        await self.host.serve_until_signal(self.shutdown)
+
+    async def shutdown(self, grace_s: float | None = None) -> None:
+        """Finish accepted work within the grace period; answer anything left with a reason."""
+        grace = self.config.serving.grace_s if grace_s is None else grace_s
+        self._closing = True
+        self.host.set_ready(False)
+        for d in self.dispatchers.values():
+            d.close()
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + grace
+        # Polling (not an event) because "idle" spans every dispatcher and handler; it runs
+        # only during shutdown.
+        while loop.time() < give_up and (  # noqa: ASYNC110
+            self._inflight or any(d.busy for d in self.dispatchers.values())
+        ):
+            await asyncio.sleep(0.01)
+        abandoned = 0
+        for d in self.dispatchers.values():
+            abandoned += d.abandon(
+                unavailable(Reason.SHUTTING_DOWN, "the gateway shut down before serving", None)
+            )
+        if abandoned:
+            log.warning("shutdown grace ended with work queued", extra={"abandoned": abandoned})
+        # Let answered handlers send their responses before the server stops.
+        while self._inflight and loop.time() < give_up + 1.0:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        if self.link is not None:
+            await self.link.stop(flush=True)
+        for d in self.dispatchers.values():
+            await d.stop()
+        await self.pool.close_all()
+        if self._controller_channel is not None:
+            await self._controller_channel.close()
+
+    # -- fleet ------------------------------------------------------------------------------------
+
+    def _dispatcher(self, model: str, version: str) -> VersionDispatcher:
+        key = (model, version)
+        d = self.dispatchers.get(key)
+        if d is None:
+            d = VersionDispatcher(
+                model,
+                version,
+                clock=self.clock,
+                batcher=DeadlineBatcher(self.clock, BatcherConfig(objective=self.config.objective)),
+                router=PeakEwmaRouter(SeededRng(next(self._seeds))),
+                hedging=HedgePolicy(self.clock),
+                pool=self.pool,
+                fleet_metadata=self._fleet_md,
+                on_batch=self._on_batch,
+                on_flush=self._on_flush,
+                on_hedge=self._on_hedge,
+                on_busy=self.metrics.busy_retries.inc,
+            )
+            d.start()
+            self.dispatchers[key] = d
+        return d
+
+    def apply_snapshot(self, snapshot: control_pb2.WatchFleetResponse) -> None:
+        diff = self.fleet.apply(snapshot)
+        for info in diff.removed:
+            d = self.dispatchers.get((info.model, info.version))
+            if d is not None:
+                d.remove_replica(info.replica_id)
+        for info in diff.added + diff.updated:
+            d = self._dispatcher(info.model, info.version)
+            if info.draining:
+                d.drain_replica(info.replica_id)
+            else:
+                d.upsert_replica(info.replica_id, info.address, info.slots, info.speed)
+        if not diff.empty:
+            log.info(
+                "fleet updated",
+                extra={
+                    "generation": snapshot.generation,
+                    "replicas": len(self.fleet.replicas),
+                    "added": [r.replica_id for r in diff.added],
+                    "removed": [r.replica_id for r in diff.removed],
+                },
+            )
+        routable = any(not r.draining for r in self.fleet.replicas.values())
+        self.host.set_ready(routable and not self._closing)
+        self.metrics.fleet_replicas.set(len(self.fleet.replicas))
+
+    # -- the Infer path --------------------------------------------------------------------------
+
+    def _authenticate(self, context: grpc.aio.ServicerContext) -> TenantConfig:
+        key: str | None = None
+        for item in context.invocation_metadata() or ():
+            name = item[0]
+            if name == "x-api-key":
+                key = str(item[1])
+                break
+            if name == "authorization":
+                value = str(item[1])
+                if value[:7].lower() == "bearer ":
+                    key = value[7:].strip()
+                    break
+        if not key:
+            raise unauthenticated(
+                "missing API key: send it as 'x-api-key' or 'authorization: Bearer <key>'",
+                Reason.MISSING_CREDENTIALS,
+            )
+        tenant = self.tenants.authenticate(key)
+        if tenant is None:
+            raise unauthenticated("unknown API key", Reason.INVALID_CREDENTIALS)
+        return tenant
+
+    async def infer(
+        self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
+    ) -> infer_pb2.InferResponse:
+        metrics = self.metrics
+        try:
+            if self._closing:
+                raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
+            tenant = self._authenticate(context)
+            valid = validate(request, context.time_remaining(), self.config.default_timeout_s)
+        except RichError as err:
+            metrics.requests[_outcome_label(err)].inc()
+            raise
+        now = self.clock.now()
+        request_id = f"{self._id_prefix}-{next(self._ids):x}"
+        split = self.fleet.splits.get(valid.model)
+        if split is None:
+            missing = (
+                unavailable(
+                    Reason.NO_CAPACITY,
+                    f"model {valid.model!r} has no stable version configured on the controller",
+                    None,
+                )
+                if valid.model in self.fleet.models()
+                else not_found_model(valid.model)
+            )
+            metrics.requests[_outcome_label(missing)].inc()
+            raise missing
+        version = split.version_for(valid.session_key or request_id)
+        dispatcher = self.dispatchers.get((valid.model, version))
+        if dispatcher is None or not dispatcher.has_replicas:
+            no_replica = unavailable(
+                Reason.NO_CAPACITY,
+                f"no replica serves {valid.model} {version} right now",
+                self.config.report_interval_s,
+            )
+            self._finish_unadmitted(valid.model, version, no_replica)
+            raise no_replica
+        ticket = self.admission.admit(
+            tenant,
+            request_cost(valid.input_tokens, valid.max_output_tokens),
+            now,
+            _PRIORITY.get(valid.priority),
+        )
+        if isinstance(ticket, QuotaExceeded):
+            metrics.requests["quota_exceeded"].inc()
+            metrics.shed["quota_exceeded"].inc()
+            raise quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
+        if isinstance(ticket, Overloaded):
+            overloaded = unavailable(
+                Reason.OVERLOADED,
+                f"the gateway is at its adaptive concurrency limit for {ticket.priority} "
+                f"traffic ({ticket.allowed} of {ticket.limit})",
+                ticket.retry_after_s,
+            )
+            self._finish_unadmitted(valid.model, version, overloaded)
+            raise overloaded
+
+        span = self._tracer.start_span("Infer", attributes={"halcyon.model": valid.model})
+        pending = PendingRequest(
+            request_id=request_id,
+            valid=valid,
+            received_at=now,
+            deadline=now + valid.timeout_s,
+            future=asyncio.get_running_loop().create_future(),
+            span_context=span.get_span_context(),
+        )
+        self._inflight += 1
+        outcome = AdmissionOutcome.FAILED
+        try:
+            dispatcher.submit(pending)
+            try:
+                async with asyncio.timeout(valid.timeout_s + ANSWER_GRACE_S):
+                    result = await pending.future
+            except TimeoutError:
+                raise RichError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    "no answer before the deadline",
+                    reason=Reason.DEADLINE_MISSED,
+                ) from None
+            outcome = AdmissionOutcome.SUCCESS
+        except RichError as err:
+            outcome = (
+                AdmissionOutcome.SHED if err.reason in _SHED_REASONS else AdmissionOutcome.FAILED
+            )
+            done = self.clock.now()
+            self.admission.finish(ticket, outcome, None, done)
+            kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
+            self._report(valid.model, version, "", kind, done - now)
+            label = _outcome_label(err)
+            metrics.requests[label].inc()
+            if label in SHED_REASONS:
+                metrics.shed[label].inc()
+            span.set_status(trace.StatusCode.ERROR, err.message)
+            span.end()
+            raise
+        except asyncio.CancelledError:
+            # The client went away (or its gRPC deadline passed): free everything, no sample.
+            self.admission.finish(ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
+            metrics.requests["cancelled"].inc()
+            span.end()
+            raise
+        finally:
+            self._inflight -= 1
+        done = self.clock.now()
+        total = done - now
+        self.admission.finish(ticket, outcome, total, done)
+        late = done > pending.deadline
+        self._report(valid.model, version, result.replica_id, _LATE if late else _OK, total)
+        metrics.requests["ok"].inc()
+        metrics.latency.observe(total)
+        span.end()
+        return _response(pending, version, result, total)
+
+    def _finish_unadmitted(self, model: str, version: str, err: RichError) -> None:
+        label = _outcome_label(err)
+        self.metrics.requests[label].inc()
+        if label in SHED_REASONS:
+            self.metrics.shed[label].inc()
+        self._report(model, version, "", _SHED, 0.0)
+
+    def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
+        if self.link is not None:
+            self.link.record_request(
+                control_pb2.RequestOutcome(
+                    model=model,
+                    version=version,
+                    replica_id=replica,
+                    kind=kind,  # type: ignore[arg-type]
+                    latency=_duration(latency),
+                )
+            )
+
+    # -- callbacks from dispatchers ---------------------------------------------------------------
+
+    def _on_batch(
+        self, batch: Batch[PendingRequest], replica_id: str, latency: float, ok: bool
+    ) -> None:
+        self.metrics.batch_size.observe(len(batch.items))
+        if not ok:
+            self.metrics.batch_failures.inc()
+        if self.link is not None:
+            first = batch.items[0].payload.valid
+            self.link.record_batch(
+                control_pb2.BatchOutcome(
+                    model=first.model,
+                    version=self._version_of(batch),
+                    replica_id=replica_id,
+                    size=len(batch.items),
+                    tokens=batch.tokens,
+                    device_time=_duration(latency if ok else 0.0),
+                    ok=ok,
+                )
+            )
+
+    def _version_of(self, batch: Batch[PendingRequest]) -> str:
+        for (_model, version), d in self.dispatchers.items():
+            if batch.replica_id in d.replicas:
+                return version
+        return ""
+
+    def _on_flush(self, reason: FlushReason, size: int) -> None:
+        self.metrics.flushes[reason.value].inc()
+
+    def _on_hedge(self, result: str) -> None:
+        self.metrics.hedges[result].inc()
+
+    # -- status -------------------------------------------------------------------------------
+
+    def _report_status(self) -> tuple[int, int, list[fleet_pb2.CostModel]]:
+        limiter = self.admission.limiter
+        self.metrics.concurrency_limit.set(limiter.limit)
+        self.metrics.inflight.set(self._inflight)
+        self.metrics.queued.set(sum(d.batcher.depth for d in self.dispatchers.values()))
+        if self.link is not None:
+            self.metrics.controller_connected.set(1 if self.link.connected else 0)
+            self.metrics.dropped_reports.set(self.link.dropped_outcomes)
+        models = []
+        for d in self.dispatchers.values():
+            for rid in d.replicas:
+                cost = d.batcher.cost_model(rid)
+                models.append(
+                    fleet_pb2.CostModel(
+                        replica_id=rid,
+                        intercept=_duration(cost.intercept),
+                        per_token=_duration(cost.slope),
+                        samples=cost.observations,
+                    )
+                )
+        return limiter.limit, self._inflight, models
+
+    def _replica_samples(self) -> list[ReplicaSample]:
+        now = self.clock.now()
+        self._report_status()  # keeps the scalar gauges fresh at scrape time too
+        samples = []
+        for (_model, version), d in self.dispatchers.items():
+            views = {v.replica_id: v for v in d.router.views(now)}
+            for rid in d.replicas:
+                view = views.get(rid)
+                cost = d.batcher.cost_model(rid)
+                samples.append(
+                    ReplicaSample(
+                        replica_id=rid,
+                        version=version,
+                        inflight=view.inflight if view else 0,
+                        latency_estimate_s=view.latency_estimate_s if view else 0.0,
+                        cost_intercept_s=cost.intercept,
+                        cost_per_token_s=cost.slope,
+                    )
+                )
+        return samples
+
+
+def _outcome_label(err: RichError) -> str:
+    if err.reason == "OVERLOADED" and err.metadata.get("shed") == "goodput":
+        return "shed_for_goodput"
+    if err.reason:
+        label = str(err.reason).lower()
+        if label in REQUEST_OUTCOMES:
+            return label
+        if label in ("missing_credentials", "invalid_credentials"):
+            return "unauthenticated"
+        if label == "invalid_field":
+            return "invalid_argument"
+    if err.code == grpc.StatusCode.INVALID_ARGUMENT:
+        return "invalid_argument"
+    if err.code == grpc.StatusCode.UNAUTHENTICATED:
+        return "unauthenticated"
+    return "upstream_failure"
+
+
+def _response(
+    pending: PendingRequest, version: str, result: InferResult, total: float
+) -> infer_pb2.InferResponse:
+    v = pending.valid
+    return infer_pb2.InferResponse(
+        output=result.output,
+        model=v.model,
+        version=version,
+        replica_id=result.replica_id,
+        hedged=result.hedged,
+        timings=infer_pb2.Timings(
+            queued=_duration(result.dispatched_at - pending.received_at),
+            execution=_duration(result.execution_s),
+            total=_duration(total),
+        ),
+        batch=infer_pb2.BatchInfo(
+            size=result.batch_size,
+            flush_reason=result.flush_reason,  # type: ignore[arg-type]
+            tokens=result.batch_tokens,
+        ),
+        usage=infer_pb2.Usage(
+            input_tokens=v.input_tokens,
+            output_tokens=result.output_tokens,
+            total_tokens=v.input_tokens + result.output_tokens,
+        ),
+        request_id=pending.request_id,
+    )

@@ -1,0 +1,563 @@
+"""Runs one (model, version): the batcher decides when and what, the router decides where.
+
+What it decides: nothing of its own — it is the asyncio shell around the pure policies. It
+turns events (a request queued, a batch answered, a timer) into calls on the
+:class:`~gateway.batching.DeadlineBatcher` and the
+:class:`~gateway.routing.PeakEwmaRouter`, sends each batch to a worker with
+``ExecuteBatch`` (gRPC deadline = the latest deadline in the batch, W3C trace context in the
+metadata), races a hedge when the hedge policy allows, and answers every request exactly once:
+with its result, or with the typed reason the batcher or the fleet gave.
+
+Outcome handling follows the design's distinctions:
+
+* success — the router learns the latency, the batcher's per-replica cost model learns the
+  batch time, the hedge histogram learns the latency;
+* ``REPLICA_BUSY`` — backpressure, not a fault: the replica is skipped for its advertised
+  retry delay, the batch goes back to the queue, the breaker is untouched;
+* any other failure — a fault for the breaker; requests get one more try elsewhere if their
+  deadline still allows, otherwise ``UNAVAILABLE / UPSTREAM_FAILURE``;
+* a hedge loser — cancelled (the worker frees its device) and recorded as nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Link
+
+from common.clock import Clock
+from common.errors import (
+    Reason,
+    RichError,
+    deadline_missed,
+    deadline_unreachable,
+    parse_rpc_error,
+    unavailable,
+)
+from common.tracing import inject_metadata
+from gateway.batching import (
+    Batch,
+    DeadlineBatcher,
+    Dropped,
+    DropReason,
+    FlushReason,
+    Lane,
+    Rejected,
+)
+from gateway.routing import (
+    HedgePolicy,
+    HedgeRace,
+    Lease,
+    NoCapacity,
+    Outcome,
+    PeakEwmaRouter,
+    RaceVerdict,
+    ReplicaSpec,
+)
+from gateway.validation import ValidRequest
+from gateway.worker_pool import WorkerPool
+from halcyon.v1 import infer_pb2, worker_pb2
+
+log = logging.getLogger("halcyon.gateway.dispatcher")
+
+MAX_ATTEMPTS = 2  # a request is tried on at most this many batches after a fault
+# Nominal device time for a typical batch at speed 1.0, the router's prior before any sample.
+NOMINAL_BATCH_S = 0.05
+
+_FLUSH = {
+    FlushReason.DEADLINE: infer_pb2.FLUSH_REASON_DEADLINE,
+    FlushReason.FULL: infer_pb2.FLUSH_REASON_FULL,
+    FlushReason.LINGER: infer_pb2.FLUSH_REASON_LINGER,
+    FlushReason.CAPACITY: infer_pb2.FLUSH_REASON_CAPACITY,
+}
+
+
+@dataclass(slots=True)
+class InferResult:
+    """What a served request learns about how it was served."""
+
+    output: str
+    replica_id: str
+    hedged: bool
+    dispatched_at: float
+    execution_s: float
+    batch_size: int
+    batch_tokens: int
+    flush_reason: int
+    output_tokens: int
+
+
+@dataclass(slots=True, eq=False)
+class PendingRequest:
+    """A request from admission until it is answered; the batcher's payload."""
+
+    request_id: str
+    valid: ValidRequest
+    received_at: float
+    deadline: float
+    future: asyncio.Future[InferResult]
+    span_context: trace.SpanContext | None = None
+    attempts: int = 0
+
+    def answer(self, result: InferResult) -> None:
+        if not self.future.done():
+            self.future.set_result(result)
+
+    def reject(self, err: RichError) -> None:
+        if not self.future.done():
+            self.future.set_exception(err)
+
+
+def rejection_error(rejected: Rejected | Dropped[PendingRequest], now: float) -> RichError:
+    """The typed error for a batcher refusal or drop, with computed retry advice."""
+    reason = rejected.reason
+    predicted = rejected.predicted_completion
+    if reason is DropReason.DEADLINE_UNREACHABLE:
+        return deadline_unreachable(
+            "the deadline cannot be met: the work queued ahead, the work sharing its batch and "
+            "the work on the device finish too late",
+            None if predicted is None else max(0.0, predicted - now),
+        )
+    if reason is DropReason.DEADLINE_MISSED:
+        return deadline_missed("evicted: the request can no longer finish before its deadline")
+    retry = rejected.retry_after if isinstance(rejected, Rejected) else None
+    if reason is DropReason.SHED_FOR_GOODPUT:
+        err = unavailable(
+            Reason.OVERLOADED,
+            "shed under overload so that more requests finish within their deadlines",
+            retry,
+        )
+        err.metadata["shed"] = "goodput"
+        return err
+    if reason is DropReason.QUEUE_FULL:
+        return unavailable(Reason.QUEUE_FULL, "the batch queue is full", retry)
+    if reason is DropReason.CLOSED:
+        return unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
+    return unavailable(Reason.NO_CAPACITY, "no replica can take this version now", retry)
+
+
+@dataclass(slots=True, eq=False)
+class _Flight:
+    """One batch on the wire: its race, its RPC tasks and how it is going."""
+
+    batch: Batch[PendingRequest]
+    race: HedgeRace[Lease]
+    span: trace.Span
+    calls: dict[int, asyncio.Task[worker_pb2.ExecuteBatchResponse]] = field(default_factory=dict)
+    hedge_timer: asyncio.TimerHandle | None = None
+
+
+class VersionDispatcher:
+    """Batches and routes the requests of one (model, version)."""
+
+    def __init__(
+        self,
+        model: str,
+        version: str,
+        *,
+        clock: Clock,
+        batcher: DeadlineBatcher[PendingRequest],
+        router: PeakEwmaRouter,
+        hedging: HedgePolicy,
+        pool: WorkerPool,
+        fleet_metadata: tuple[tuple[str, str], ...],
+        on_batch: Callable[[Batch[PendingRequest], str, float, bool], None],
+        on_flush: Callable[[FlushReason, int], None],
+        on_hedge: Callable[[str], None],
+        on_busy: Callable[[], None],
+    ) -> None:
+        self.model = model
+        self.version = version
+        self._clock = clock
+        self.batcher = batcher
+        self.router = router
+        self._hedging = hedging
+        self._pool = pool
+        self._fleet_md = fleet_metadata
+        self._on_batch = on_batch
+        self._on_flush = on_flush
+        self._on_hedge = on_hedge
+        self._on_busy = on_busy
+        self._tracer = trace.get_tracer("halcyon.gateway")
+        self._wake = asyncio.Event()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._flights: dict[int, _Flight] = {}
+        self._busy_until: dict[str, float] = {}
+        self._batch_ids = itertools.count(1)
+        self.replicas: dict[str, str] = {}  # replica id -> address
+
+    # -- membership -------------------------------------------------------------------------
+
+    def upsert_replica(self, replica_id: str, address: str, slots: int, speed: float) -> None:
+        now = self._clock.now()
+        self._pool.open(replica_id, address)
+        self.router.upsert(
+            ReplicaSpec(replica_id, slots=slots, prior_latency_s=NOMINAL_BATCH_S / speed), now
+        )
+        self.router.set_draining(replica_id, False)
+        self.batcher.add_replica(replica_id, slots=slots)
+        self.replicas[replica_id] = address
+        self.kick()
+
+    def drain_replica(self, replica_id: str) -> None:
+        """A draining replica takes no new batches; its in-flight ones finish."""
+        self.router.set_draining(replica_id, True)
+        self.batcher.remove_replica(replica_id)
+        self.kick()
+
+    def remove_replica(self, replica_id: str) -> None:
+        self.router.remove(replica_id)
+        self.batcher.remove_replica(replica_id)
+        self._pool.close(replica_id)
+        self.replicas.pop(replica_id, None)
+        self.kick()
+
+    @property
+    def has_replicas(self) -> bool:
+        return bool(self.replicas)
+
+    # -- requests ---------------------------------------------------------------------------
+
+    def submit(self, pending: PendingRequest) -> None:
+        """Queue a request or raise its typed rejection at once (microseconds, no I/O)."""
+        v = pending.valid
+        verdict = self.batcher.submit(
+            pending,
+            tokens=v.work_tokens,
+            deadline=pending.deadline,
+            lane=Lane.BULK if v.bulk else Lane.INTERACTIVE,
+        )
+        if isinstance(verdict, Rejected):
+            raise rejection_error(verdict, self._clock.now())
+        self.kick()
+
+    def kick(self) -> None:
+        """Something changed: take the next scheduling step soon (coalesced per loop turn)."""
+        self._wake.set()
+
+    # -- the scheduling loop ----------------------------------------------------------------
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"dispatch-{self.model}-{self.version}")
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                self._step()
+            except Exception:  # a bug must not silently stop dispatching
+                log.exception("dispatcher step failed", extra={"model": self.model})
+
+    def _step(self) -> None:
+        batcher = self.batcher
+        batcher.poll()
+        self._answer_dropped()
+        now = self._clock.now()
+        busy = [rid for rid, until in self._busy_until.items() if until > now]
+        while batcher.depth:
+            lease = self.router.pick(now, exclude=busy)
+            if isinstance(lease, NoCapacity):
+                break
+            batch = batcher.take_batch(lease.replica_id)
+            if batch is None:
+                # The batcher prefers to wait (or has no slot there): give the lease back.
+                self.router.complete(lease, Outcome.CANCELLED, None, now)
+                break
+            self._launch(batch, lease, now)
+        self._answer_dropped()
+        wake = batcher.next_wakeup(now)
+        if busy and batcher.depth:
+            # Replicas that pushed back become eligible again at their advertised time.
+            soonest = min(self._busy_until[rid] for rid in busy)
+            wake = soonest if wake is None else min(wake, soonest)
+        self._arm_timer(wake, now)
+
+    def _arm_timer(self, wake: float | None, now: float) -> None:
+        if wake is None:
+            return
+        if self._timer is not None and self._timer_at is not None and now < self._timer_at <= wake:
+            return  # an earlier wake-up is already set; it will re-evaluate
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = wake
+        self._timer = asyncio.get_running_loop().call_later(max(0.0, wake - now), self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        self._timer_at = None
+        self._wake.set()
+
+    def _answer_dropped(self) -> None:
+        dropped = self.batcher.take_dropped()
+        if not dropped:
+            return
+        now = self._clock.now()
+        for d in dropped:
+            d.item.payload.reject(rejection_error(d, now))
+
+    # -- one batch on the wire --------------------------------------------------------------
+
+    def _launch(self, batch: Batch[PendingRequest], lease: Lease, now: float) -> None:
+        links = [Link(p.span_context) for p in batch.payloads if p.span_context is not None]
+        span = self._tracer.start_span(
+            "batch",
+            links=links,
+            attributes={
+                "halcyon.model": self.model,
+                "halcyon.version": self.version,
+                "halcyon.batch.size": len(batch.items),
+                "halcyon.batch.tokens": batch.tokens,
+                "halcyon.batch.flush_reason": batch.reason.value,
+            },
+        )
+        flight = _Flight(batch, HedgeRace(lease), span)
+        self._flights[batch.batch_id] = flight
+        self._hedging.record_dispatch()
+        self._on_flush(batch.reason, len(batch.items))
+        self._call(flight, lease)
+        delay = self._hedging.hedge_delay(now)
+        if delay is not None:
+            flight.hedge_timer = asyncio.get_running_loop().call_later(
+                delay, self._maybe_hedge, flight
+            )
+
+    def _request(self, batch: Batch[PendingRequest]) -> worker_pb2.ExecuteBatchRequest:
+        return worker_pb2.ExecuteBatchRequest(
+            batch_id=f"{self.model}/{self.version}/{batch.batch_id}",
+            model=self.model,
+            version=self.version,
+            items=[
+                worker_pb2.BatchItem(
+                    id=p.request_id,
+                    input=p.valid.input,
+                    input_tokens=p.valid.input_tokens,
+                    max_output_tokens=p.valid.max_output_tokens,
+                )
+                for p in batch.payloads
+            ],
+        )
+
+    def _call(self, flight: _Flight, lease: Lease) -> None:
+        stub = self._pool.stub(lease.replica_id)
+        batch = flight.batch
+        if stub is None:  # the replica left between pick and call
+            self._settle(flight, lease, None, RichError(grpc.StatusCode.UNAVAILABLE, "gone"))
+            return
+        timeout = max(0.001, max(p.deadline for p in batch.payloads) - self._clock.now())
+        ctx = trace.set_span_in_context(flight.span)
+        metadata = self._fleet_md + tuple(inject_metadata(ctx))
+        task = asyncio.ensure_future(
+            stub.ExecuteBatch(self._request(batch), timeout=timeout, metadata=metadata)
+        )
+        flight.calls[lease.lease_id] = task
+        task.add_done_callback(lambda t: self._on_call_done(flight, lease, t))
+
+    def _on_call_done(
+        self,
+        flight: _Flight,
+        lease: Lease,
+        task: asyncio.Task[worker_pb2.ExecuteBatchResponse],
+    ) -> None:
+        flight.calls.pop(lease.lease_id, None)
+        if task.cancelled():
+            # A hedge loser we cancelled: release quietly, it says nothing about the replica.
+            self.router.complete(lease, Outcome.CANCELLED, None, self._clock.now())
+            return
+        err = task.exception()
+        if err is None:
+            self._settle(flight, lease, task.result(), None)
+        elif isinstance(err, grpc.aio.AioRpcError):
+            self._settle(flight, lease, None, parse_rpc_error(err))
+        else:
+            self._settle(flight, lease, None, RichError(grpc.StatusCode.INTERNAL, str(err)))
+
+    def _settle(
+        self,
+        flight: _Flight,
+        lease: Lease,
+        response: worker_pb2.ExecuteBatchResponse | None,
+        err: RichError | None,
+    ) -> None:
+        now = self._clock.now()
+        latency = now - lease.dispatched_at
+        busy = err is not None and err.reason == Reason.REPLICA_BUSY
+        if response is not None:
+            self.router.complete(lease, Outcome.SUCCESS, latency, now)
+            self._hedging.record_latency(latency)
+        elif busy:
+            self.router.complete(lease, Outcome.BUSY, None, now)
+            retry = err.retry_after_s if err is not None and err.retry_after_s else 0.001
+            self._busy_until[lease.replica_id] = now + retry
+            self._on_busy()
+        else:
+            self.router.complete(lease, Outcome.FAULT, None, now)
+        result = flight.race.settle(lease, response is not None)
+        if result.verdict is RaceVerdict.PENDING:
+            return
+        if flight.hedge_timer is not None:
+            flight.hedge_timer.cancel()
+        self._flights.pop(flight.batch.batch_id, None)
+        for loser in result.cancel:
+            call = flight.calls.get(loser.lease_id)
+            if call is not None:
+                call.cancel()  # the worker sees the cancellation and frees its device
+        batch = flight.batch
+        if result.verdict is RaceVerdict.WON and response is not None:
+            if flight.race.hedged:
+                self._on_hedge("won" if lease.hedge else "lost")
+            self.batcher.complete(batch, latency)
+            self._deliver(batch, lease, response, latency)
+            flight.span.end()
+            self._on_batch(batch, lease.replica_id, latency, True)
+        else:
+            self._recover(batch, err, busy, now)
+            flight.span.set_status(trace.StatusCode.ERROR, err.message if err else "failed")
+            flight.span.end()
+            self._on_batch(batch, lease.replica_id, latency, False)
+        self.kick()
+
+    def _deliver(
+        self,
+        batch: Batch[PendingRequest],
+        lease: Lease,
+        response: worker_pb2.ExecuteBatchResponse,
+        latency: float,
+    ) -> None:
+        results = {r.id: r for r in response.results}
+        device = response.device_time.ToNanoseconds() / 1e9 if response.device_time else latency
+        flush = _FLUSH.get(batch.reason, infer_pb2.FLUSH_REASON_UNSPECIFIED)
+        size = len(batch.items)
+        for pending in batch.payloads:
+            r = results.get(pending.request_id)
+            if r is None:
+                pending.reject(
+                    RichError(
+                        grpc.StatusCode.INTERNAL,
+                        f"replica {lease.replica_id} returned no result for the request",
+                        reason=Reason.UPSTREAM_FAILURE,
+                    )
+                )
+                continue
+            pending.answer(
+                InferResult(
+                    output=r.output,
+                    replica_id=lease.replica_id,
+                    hedged=lease.hedge,
+                    dispatched_at=batch.dispatched_at,
+                    execution_s=device,
+                    batch_size=size,
+                    batch_tokens=batch.tokens,
+                    flush_reason=flush,
+                    output_tokens=r.output_tokens,
+                )
+            )
+
+    def _recover(
+        self, batch: Batch[PendingRequest], err: RichError | None, busy: bool, now: float
+    ) -> None:
+        """Give a failed batch's requests another chance, or answer them."""
+        items = self.batcher.fail(batch, requeue=False)
+        for item in items:
+            pending = item.payload
+            if pending.future.done():
+                continue
+            if not busy:
+                pending.attempts += 1
+            if pending.attempts >= MAX_ATTEMPTS:
+                detail = err.message if err else "the replica failed"
+                pending.reject(
+                    unavailable(
+                        Reason.UPSTREAM_FAILURE,
+                        f"the batch failed on the fleet ({detail})",
+                        self._retry_hint(now),
+                    )
+                )
+                continue
+            verdict = self.batcher.submit(
+                pending, tokens=item.tokens, deadline=item.deadline, lane=item.lane
+            )
+            if isinstance(verdict, Rejected):
+                pending.reject(rejection_error(verdict, now))
+
+    def _retry_hint(self, now: float) -> float | None:
+        """Seconds until another replica is predicted to take work, or None if none exists."""
+        probe = self.router.pick(now)
+        if isinstance(probe, NoCapacity):
+            return probe.retry_after_s
+        self.router.complete(probe, Outcome.CANCELLED, None, now)
+        return 0.0
+
+    # -- hedging ----------------------------------------------------------------------------
+
+    def _maybe_hedge(self, flight: _Flight) -> None:
+        flight.hedge_timer = None
+        if flight.race.settled or flight.race.hedged:
+            return
+        now = self._clock.now()
+        batch = flight.batch
+        earliest = min(p.deadline for p in batch.payloads)
+
+        def predicted(replica_id: str) -> float:
+            try:
+                return self.batcher.cost_model(replica_id).upper(batch.tokens)
+            except KeyError:
+                return self.router.latency_estimate(replica_id, now) or 0.0
+
+        hedge = self._hedging.may_hedge(
+            now,
+            self.router,
+            flight.race.primary,
+            earliest,
+            predicted,
+            waiting=self.batcher.depth,
+        )
+        if not isinstance(hedge, Lease):
+            if hedge.wait_s:
+                flight.hedge_timer = asyncio.get_running_loop().call_later(
+                    hedge.wait_s, self._maybe_hedge, flight
+                )
+            else:
+                self._on_hedge("declined")
+            return
+        self._on_hedge("fired")
+        flight.race.add_hedge(hedge)
+        self._call(flight, hedge)
+
+    # -- shutdown ---------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Stop admitting; queued work keeps being dispatched."""
+        self.batcher.close()
+        self.kick()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.batcher.depth or self._flights)
+
+    def abandon(self, err: RichError) -> int:
+        """Answer everything still queued with ``err`` (end of a drain's grace period)."""
+        items = self.batcher.drain()
+        for item in items:
+            item.payload.reject(err)
+        return len(items)
+
+    async def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        for flight in list(self._flights.values()):
+            for call in flight.calls.values():
+                call.cancel()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
