@@ -21,10 +21,12 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
 __all__ = ["OTLP_ENDPOINT_ENV", "configure_tracing", "extract_context", "inject_metadata"]
 
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+SAMPLER_ENV = "OTEL_TRACES_SAMPLER"
 _log = logging.getLogger("halcyon.tracing")
 
 
@@ -36,8 +38,14 @@ def configure_tracing(service: str) -> TracerProvider:
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}))
     endpoint = os.environ.get(OTLP_ENDPOINT_ENV)
+    sampler = None
+    if not endpoint and not os.environ.get(SAMPLER_ENV):
+        # Nothing would export the spans: don't record them. Trace context still flows (ids
+        # are generated and propagated as W3C traceparent), so logs and downstream services
+        # stay correlated, and the request path does not pay for spans nobody reads.
+        sampler = ParentBased(ALWAYS_OFF)
+    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 

@@ -111,6 +111,10 @@ class GatewayConfig:
     seed: int = 0
     objective: Objective = Objective.ON_TIME_REQUESTS
     report_interval_s: float = 1.0
+    # How long an idle replica may be held back to let a batch grow. Zero: an idle replica
+    # takes work at once (continuous batching) — batches grow by themselves while replicas are
+    # busy, and waiting on an idle one only adds latency at light load.
+    linger_s: float = 0.0
     controller_tls: TlsOptions | None = None
     worker_tls: TlsOptions | None = None
     # Batching raises latency with concurrency by design (bigger batches), so the limiter
@@ -248,7 +252,10 @@ class GatewayApp:
                 model,
                 version,
                 clock=self.clock,
-                batcher=DeadlineBatcher(self.clock, BatcherConfig(objective=self.config.objective)),
+                batcher=DeadlineBatcher(
+                    self.clock,
+                    BatcherConfig(objective=self.config.objective, linger_s=self.config.linger_s),
+                ),
                 router=PeakEwmaRouter(SeededRng(next(self._seeds))),
                 hedging=HedgePolicy(self.clock),
                 pool=self.pool,
@@ -434,15 +441,7 @@ class GatewayApp:
 
     def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
         if self.link is not None:
-            self.link.record_request(
-                control_pb2.RequestOutcome(
-                    model=model,
-                    version=version,
-                    replica_id=replica,
-                    kind=kind,  # type: ignore[arg-type]
-                    latency=_duration(latency),
-                )
-            )
+            self.link.record_request(model, version, replica, kind, latency)
 
     # -- callbacks from dispatchers ---------------------------------------------------------------
 

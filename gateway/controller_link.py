@@ -18,6 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
+from google.protobuf import duration_pb2
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff
@@ -26,6 +27,23 @@ from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 log = logging.getLogger("halcyon.gateway.controller_link")
 
 MAX_BUFFERED_OUTCOMES = 50_000
+
+# (model, version, replica id, RequestOutcomeKind, latency seconds)
+OutcomeRecord = tuple[str, str, str, int, float]
+
+
+def _request_outcome(
+    model: str, version: str, replica_id: str, kind: int, latency_s: float
+) -> control_pb2.RequestOutcome:
+    latency = duration_pb2.Duration()
+    latency.FromNanoseconds(max(0, int(latency_s * 1e9)))
+    return control_pb2.RequestOutcome(
+        model=model,
+        version=version,
+        replica_id=replica_id,
+        kind=kind,  # type: ignore[arg-type]
+        latency=latency,
+    )
 
 
 class ControllerLink:
@@ -46,7 +64,8 @@ class ControllerLink:
         self._on_snapshot = on_snapshot
         self._report_status = report_status
         self._interval = report_interval_s
-        self._requests: deque[control_pb2.RequestOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
+        # Raw tuples on the data path; protobuf is built once per report, off the hot path.
+        self._requests: deque[OutcomeRecord] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self._batches: deque[control_pb2.BatchOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self.dropped_outcomes = 0
         self.connected = False
@@ -55,10 +74,12 @@ class ControllerLink:
         self._rng = random.Random()
 
     # -- outcomes (called on the data path: O(1), never blocks) --------------------------
-    def record_request(self, outcome: control_pb2.RequestOutcome) -> None:
+    def record_request(
+        self, model: str, version: str, replica_id: str, kind: int, latency_s: float
+    ) -> None:
         if len(self._requests) == self._requests.maxlen:
             self.dropped_outcomes += 1
-        self._requests.append(outcome)
+        self._requests.append((model, version, replica_id, kind, latency_s))
 
     def record_batch(self, outcome: control_pb2.BatchOutcome) -> None:
         if len(self._batches) == self._batches.maxlen:
@@ -128,7 +149,7 @@ class ControllerLink:
                 inflight=inflight,
                 cost_models=models,
             )
-        requests = list(self._requests)
+        requests = [_request_outcome(*record) for record in self._requests]
         batches = list(self._batches)
         self._requests.clear()
         self._batches.clear()

@@ -264,7 +264,7 @@ class VersionDispatcher:
         self._answer_dropped()
         now = self._clock.now()
         busy = [rid for rid, until in self._busy_until.items() if until > now]
-        while batcher.depth:
+        while batcher.depth and batcher.free_replicas():
             lease = self.router.pick(now, exclude=busy)
             if isinstance(lease, NoCapacity):
                 break

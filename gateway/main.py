@@ -98,6 +98,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="what the batcher maximises under overload (default %(default)s)",
     )
     policy.add_argument(
+        "--linger-ms",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="hold an idle replica this long to let a batch grow (default %(default)s: "
+        "dispatch at once; batches grow while replicas are busy)",
+    )
+    policy.add_argument(
         "--seed", type=int, default=0, help="seed for routing choices (default %(default)s)"
     )
     add_serving_arguments(
@@ -133,6 +141,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         default_timeout_s=args.default_timeout,
         seed=args.seed,
         objective=Objective(args.objective),
+        linger_s=max(0.0, args.linger_ms) / 1000.0,
         controller_tls=peer_tls,
         worker_tls=peer_tls,
     )

@@ -180,7 +180,7 @@ class TenantRegistry:
     def demo(cls) -> TenantRegistry:
         """Demo tenants for local runs; the keys are public, never use them in production.
 
-        ``demo-key-premium`` -> ``premium`` (critical, 200k tokens/s, burst 400k),
+        ``demo-key-premium`` -> ``premium`` (critical, 2M tokens/s, burst 4M: benchmarks run on it),
         ``demo-key-standard`` -> ``standard`` (standard, 50k/s, burst 100k),
         ``demo-key-batch`` -> ``batch`` (sheddable, 20k/s, burst 40k).
         """
@@ -189,8 +189,8 @@ class TenantRegistry:
                 TenantConfig(
                     "premium",
                     ("a236634bf0c5b765ed511a135728313cd986f9116ff5e6e39b968b8b2eddd587",),
-                    rate=200_000.0,
-                    burst=400_000.0,
+                    rate=2_000_000.0,
+                    burst=4_000_000.0,
                     priority=Priority.CRITICAL,
                 ),
                 TenantConfig(
