@@ -82,6 +82,7 @@ class Reason(StrEnum):
     UNKNOWN_REPLICA = "UNKNOWN_REPLICA"
     DEVICE_FAULT = "DEVICE_FAULT"
     WRONG_MODEL = "WRONG_MODEL"
+    INTERNAL = "INTERNAL"  # a bug on our side, answered instead of UNKNOWN
 
 
 @dataclass(frozen=True)

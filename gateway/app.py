@@ -37,6 +37,7 @@ from common.errors import (
     unauthenticated,
     unavailable,
 )
+from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions, TlsOptions
 from gateway.admission import (
@@ -141,6 +142,18 @@ class InferServicer(infer_pb2_grpc.InferServiceServicer):
         except RichError as err:
             # The one place a gateway rejection becomes a status (with rich details).
             await abort(context, err)
+        except (asyncio.CancelledError, grpc.aio.AbortError):
+            raise
+        except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
+            log.exception("Infer failed before admission")
+            await abort(
+                context,
+                RichError(
+                    grpc.StatusCode.INTERNAL,
+                    f"internal error in the gateway ({type(exc).__name__})",
+                    reason=Reason.INTERNAL,
+                ),
+            )
 
 
 class GatewayApp:
@@ -160,8 +173,13 @@ class GatewayApp:
         )
         self.fleet = FleetState()
         self.dispatchers: dict[tuple[str, str], VersionDispatcher] = {}
+        # grpc_client_* metrics for the gateway's calls to workers and the controller.
+        self._client_interceptors = ClientMetricsInterceptors(
+            GrpcClientMetrics(self.host.registry)
+        ).all()
         self.pool = WorkerPool(
-            config.worker_tls.channel_credentials() if config.worker_tls else None
+            config.worker_tls.channel_credentials() if config.worker_tls else None,
+            self._client_interceptors,
         )
         self.link: ControllerLink | None = None
         self._controller_channel: grpc.aio.Channel | None = None
@@ -184,10 +202,14 @@ class GatewayApp:
         if cfg.controller:
             if cfg.controller_tls is not None:
                 channel = grpc.aio.secure_channel(
-                    cfg.controller, cfg.controller_tls.channel_credentials()
+                    cfg.controller,
+                    cfg.controller_tls.channel_credentials(),
+                    interceptors=self._client_interceptors,
                 )
             else:
-                channel = grpc.aio.insecure_channel(cfg.controller)
+                channel = grpc.aio.insecure_channel(
+                    cfg.controller, interceptors=self._client_interceptors
+                )
             self._controller_channel = channel
             self.link = ControllerLink(
                 channel,
@@ -388,8 +410,8 @@ class GatewayApp:
         self._inflight += 1
         outcome = AdmissionOutcome.FAILED
         try:
-            dispatcher.submit(pending)
             try:
+                dispatcher.submit(pending)
                 async with asyncio.timeout(valid.timeout_s + ANSWER_GRACE_S):
                     result = await pending.future
             except TimeoutError:
@@ -398,6 +420,17 @@ class GatewayApp:
                     "no answer before the deadline",
                     reason=Reason.DEADLINE_MISSED,
                 ) from None
+            except (RichError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                # A bug, not a verdict: answer INTERNAL with a reason instead of UNKNOWN, and
+                # still release the admission ticket below.
+                log.exception("Infer failed unexpectedly", extra={"request_id": request_id})
+                raise RichError(
+                    grpc.StatusCode.INTERNAL,
+                    f"internal error in the gateway ({type(exc).__name__})",
+                    reason=Reason.INTERNAL,
+                ) from exc
             outcome = AdmissionOutcome.SUCCESS
         except RichError as err:
             outcome = (

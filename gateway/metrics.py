@@ -32,6 +32,7 @@ REQUEST_OUTCOMES = (
     "deadline_missed",
     "shed_for_goodput",
     "upstream_failure",
+    "internal",
     "shutting_down",
     "cancelled",
 )

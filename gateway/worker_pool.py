@@ -8,6 +8,8 @@ dispatched to it can still answer.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
+from typing import Any
 
 import grpc
 
@@ -19,8 +21,13 @@ CLOSE_GRACE_S = 30.0
 class WorkerPool:
     """Stubs for the replicas a gateway may dispatch to, keyed by replica id."""
 
-    def __init__(self, credentials: grpc.ChannelCredentials | None = None) -> None:
+    def __init__(
+        self,
+        credentials: grpc.ChannelCredentials | None = None,
+        interceptors: Sequence[Any] = (),
+    ) -> None:
         self._credentials = credentials
+        self._interceptors = list(interceptors)
         self._channels: dict[str, tuple[str, grpc.aio.Channel]] = {}
         self._stubs: dict[str, worker_pb2_grpc.WorkerServiceStub] = {}
         self._closing: set[asyncio.Task[None]] = set()
@@ -36,9 +43,13 @@ class WorkerPool:
             ("grpc.max_receive_message_length", 64 << 20),
         ]
         if self._credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=options)
+            channel = grpc.aio.insecure_channel(
+                address, options=options, interceptors=self._interceptors
+            )
         else:
-            channel = grpc.aio.secure_channel(address, self._credentials, options=options)
+            channel = grpc.aio.secure_channel(
+                address, self._credentials, options=options, interceptors=self._interceptors
+            )
         self._channels[replica_id] = (address, channel)
         self._stubs[replica_id] = worker_pb2_grpc.WorkerServiceStub(channel)
 
