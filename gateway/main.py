@@ -12,12 +12,12 @@ import asyncio
 import logging
 from pathlib import Path
 
+from common.argtypes import hostport, positive
 from common.auth import DEV_FLEET_TOKEN, FLEET_TOKEN_ENV, token_from_env_or_default
 from common.logs import configure_logging
 from common.serving import (
     TlsOptions,
     add_serving_arguments,
-    parse_hostport,
     serving_options_from_args,
 )
 from common.tracing import configure_tracing
@@ -42,21 +42,6 @@ controller has told it about at least one replica.
 """
 
 
-def _hostport(text: str) -> str:
-    try:
-        parse_hostport(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be > 0")
-    return value
-
-
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``halcyon gateway`` flags to ``parser``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -64,7 +49,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--controller",
-        type=_hostport,
+        type=hostport,
         metavar="HOST:PORT",
         help="controller to subscribe to for fleet membership and rollout weights",
     )
@@ -85,7 +70,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     policy.add_argument(
         "--default-timeout",
-        type=_positive,
+        type=positive,
         default=10.0,
         metavar="SECONDS",
         help="deadline for requests that carry neither a gRPC deadline nor a timeout "

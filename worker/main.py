@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import logging
 
+from common.argtypes import hostport, non_negative, positive, probability
 from common.auth import (
     DEV_FLEET_TOKEN,
     DEV_OPERATOR_TOKEN,
@@ -24,7 +25,6 @@ from common.logs import configure_logging
 from common.serving import (
     TlsOptions,
     add_serving_arguments,
-    parse_hostport,
     serving_options_from_args,
 )
 from common.tracing import configure_tracing
@@ -47,40 +47,11 @@ answered at once with RESOURCE_EXHAUSTED / REPLICA_BUSY and a computed retry del
 """
 
 
-def _probability(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"{text} is not a probability in [0, 1]")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"{text} must be > 0")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text} must be >= 0")
-    return value
-
-
 def _slots(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError("a replica needs at least one slot")
     return value
-
-
-def _hostport(text: str) -> str:
-    try:
-        parse_hostport(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -105,27 +76,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     device = parser.add_argument_group("simulated device")
     device.add_argument(
         "--speed",
-        type=_positive,
+        type=positive,
         default=1.0,
         help="relative device speed; 0.6 is a straggler (default %(default)s)",
     )
     device.add_argument(
         "--intercept-ms",
-        type=_non_negative,
+        type=non_negative,
         default=18.0,
         metavar="MS",
         help="fixed cost per batch at speed 1 (default %(default)s)",
     )
     device.add_argument(
         "--ms-per-token",
-        type=_non_negative,
+        type=non_negative,
         default=0.022,
         metavar="MS",
         help="marginal cost per work token at speed 1 (default %(default)s)",
     )
     device.add_argument(
         "--jitter",
-        type=_probability,
+        type=probability,
         default=0.08,
         metavar="FRACTION",
         help="uniform noise on device time, +/- this fraction (default %(default)s)",
@@ -136,13 +107,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--controller",
-        type=_hostport,
+        type=hostport,
         metavar="HOST:PORT",
         help="controller to register with; without it the worker runs standalone",
     )
     fleet.add_argument(
         "--advertise",
-        type=_hostport,
+        type=hostport,
         metavar="HOST:PORT",
         help="address gateways should dial (default: the bound --listen address)",
     )
@@ -153,7 +124,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     fleet.add_argument(
         "--reconnect-max-s",
-        type=_positive,
+        type=positive,
         default=10.0,
         metavar="SECONDS",
         help="ceiling of the controller reconnect backoff (default %(default)s)",
@@ -161,28 +132,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
     faults = parser.add_argument_group("fault injection")
     faults.add_argument(
         "--fail-rate",
-        type=_probability,
+        type=probability,
         metavar="RATE",
         default=0.0,
         help="fraction of batches that fail fast with INTERNAL / DEVICE_FAULT (default 0)",
     )
     faults.add_argument(
         "--fail-fast-ms",
-        type=_non_negative,
+        type=non_negative,
         default=2.0,
         metavar="MS",
         help="how long a failing batch takes to fail (default %(default)s)",
     )
     faults.add_argument(
         "--slowdown",
-        type=_positive,
+        type=positive,
         default=1.0,
         metavar="FACTOR",
         help="multiply every batch's device time, e.g. 3 for a degraded GPU (default 1)",
     )
     faults.add_argument(
         "--hang-rate",
-        type=_probability,
+        type=probability,
         metavar="RATE",
         default=0.0,
         help="fraction of batches that hang until cancelled (default 0)",
