@@ -357,15 +357,18 @@ class GatewayApp:
         request_id = f"{self._id_prefix}-{next(self._ids):x}"
         split = self.fleet.splits.get(valid.model)
         if split is None:
-            missing = (
-                unavailable(
-                    Reason.NO_CAPACITY,
-                    f"model {valid.model!r} has no stable version configured on the controller",
-                    None,
+            if self.fleet.generation == 0 or valid.model in self.fleet.models():
+                # No fleet snapshot yet, or the controller has no stable version for the
+                # model: a retry can work once the controller says more.
+                why = (
+                    "the gateway has not received the fleet from the controller yet"
+                    if self.fleet.generation == 0
+                    else f"model {valid.model!r} has no stable version configured"
                 )
-                if valid.model in self.fleet.models()
-                else not_found_model(valid.model)
-            )
+                pending_fleet = unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
+                self._finish_unadmitted(valid.model, "", pending_fleet)
+                raise pending_fleet
+            missing = not_found_model(valid.model)
             metrics.requests[_outcome_label(missing)].inc()
             raise missing
         version = split.version_for(valid.session_key or request_id)
@@ -374,7 +377,7 @@ class GatewayApp:
             no_replica = unavailable(
                 Reason.NO_CAPACITY,
                 f"no replica serves {valid.model} {version} right now",
-                self.config.report_interval_s,
+                self._fleet_retry_hint(),
             )
             self._finish_unadmitted(valid.model, version, no_replica)
             raise no_replica
@@ -464,6 +467,10 @@ class GatewayApp:
         metrics.latency.observe(total)
         span.end()
         return _response(pending, version, result, total)
+
+    def _fleet_retry_hint(self) -> float | None:
+        """When the fleet view can next change: None without a controller (it never will)."""
+        return None if self.link is None else self.link.retry_hint()
 
     def _finish_unadmitted(self, model: str, version: str, err: RichError) -> None:
         label = _outcome_label(err)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -69,6 +70,7 @@ class ControllerLink:
         self._batches: deque[control_pb2.BatchOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self.dropped_outcomes = 0
         self.connected = False
+        self._next_attempt_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._backoff = Backoff(initial_s=0.1, max_s=5.0)
         self._rng = random.Random()
@@ -119,7 +121,7 @@ class ControllerLink:
                 if self.connected:
                     log.warning("the controller closed the fleet stream; resubscribing")
                 self.connected = False
-                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                await self._wait_to_retry(attempt)
                 attempt += 1
             except grpc.aio.AioRpcError as err:
                 if self.connected:
@@ -136,8 +138,20 @@ class ControllerLink:
                         "the controller refused the fleet credential",
                         extra={"detail": err.details()},
                     )
-                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                await self._wait_to_retry(attempt)
                 attempt += 1
+
+    async def _wait_to_retry(self, attempt: int) -> None:
+        delay = self._backoff.delay(attempt, self._rng.random())
+        self._next_attempt_at = time.monotonic() + delay
+        await asyncio.sleep(delay)
+
+    def retry_hint(self) -> float:
+        """Seconds until the gateway can expect a fleet snapshot: the time to the next
+        resubscription attempt while disconnected, else one report interval."""
+        if not self.connected and self._next_attempt_at is not None:
+            return max(self._interval / 10, self._next_attempt_at - time.monotonic())
+        return self._interval
 
     def _drain_buffers(self) -> control_pb2.ReportOutcomesRequest | None:
         if not self._requests and not self._batches:

@@ -56,6 +56,7 @@ from gateway.routing import (
     HedgeRace,
     Lease,
     NoCapacity,
+    NoCapacityReason,
     Outcome,
     PeakEwmaRouter,
     RaceVerdict,
@@ -105,6 +106,8 @@ class PendingRequest:
     future: asyncio.Future[InferResult]
     span_context: trace.SpanContext | None = None
     attempts: int = 0
+    # Replicas this request's batch already failed on: its retry goes elsewhere if it can.
+    avoid: frozenset[str] = frozenset()
 
     def answer(self, result: InferResult) -> None:
         if not self.future.done():
@@ -192,6 +195,8 @@ class VersionDispatcher:
         self._task: asyncio.Task[None] | None = None
         self._flights: dict[int, _Flight] = {}
         self._busy_until: dict[str, float] = {}
+        # How many queued retries avoid each replica (see PendingRequest.avoid).
+        self._avoid: dict[str, int] = {}
         self._batch_ids = itertools.count(1)
         self.replicas: dict[str, str] = {}  # replica id -> address
 
@@ -263,9 +268,20 @@ class VersionDispatcher:
         batcher.poll()
         self._answer_dropped()
         now = self._clock.now()
-        busy = [rid for rid, until in self._busy_until.items() if until > now]
+        for rid in [r for r, until in self._busy_until.items() if until <= now]:
+            del self._busy_until[rid]
+        busy = list(self._busy_until)
+        avoid = [rid for rid, n in self._avoid.items() if n > 0]
         while batcher.depth and batcher.free_replicas():
-            lease = self.router.pick(now, exclude=busy)
+            lease = self.router.pick(now, exclude=busy + avoid)
+            if (
+                isinstance(lease, NoCapacity)
+                and avoid
+                and lease.reason is NoCapacityReason.NO_REPLICA
+            ):
+                # No other replica exists at all (not merely a busy one, which is worth
+                # waiting for): a retry where it failed beats no retry.
+                lease = self.router.pick(now, exclude=busy)
             if isinstance(lease, NoCapacity):
                 break
             batch = batcher.take_batch(lease.replica_id)
@@ -303,11 +319,24 @@ class VersionDispatcher:
             return
         now = self._clock.now()
         for d in dropped:
+            self._forget_avoid(d.item.payload)
             d.item.payload.reject(rejection_error(d, now))
+
+    def _forget_avoid(self, pending: PendingRequest) -> None:
+        for rid in pending.avoid:
+            left = self._avoid.get(rid, 0) - 1
+            if left > 0:
+                self._avoid[rid] = left
+            else:
+                self._avoid.pop(rid, None)
+        pending.avoid = frozenset()
 
     # -- one batch on the wire --------------------------------------------------------------
 
     def _launch(self, batch: Batch[PendingRequest], lease: Lease, now: float) -> None:
+        for pending in batch.payloads:
+            if pending.avoid:
+                self._forget_avoid(pending)
         links = [Link(p.span_context) for p in batch.payloads if p.span_context is not None]
         span = self._tracer.start_span(
             "batch",
@@ -423,7 +452,8 @@ class VersionDispatcher:
             self._recover(batch, err, busy, now)
             flight.span.set_status(trace.StatusCode.ERROR, err.message if err else "failed")
             flight.span.end()
-            self._on_batch(batch, lease.replica_id, latency, False)
+            if not busy:  # backpressure is not a failed batch; busy_retries counts it
+                self._on_batch(batch, lease.replica_id, latency, False)
         self.kick()
 
     def _deliver(
@@ -488,6 +518,10 @@ class VersionDispatcher:
             )
             if isinstance(verdict, Rejected):
                 pending.reject(rejection_error(verdict, now))
+            elif not busy:
+                self._forget_avoid(pending)
+                pending.avoid = frozenset({batch.replica_id})
+                self._avoid[batch.replica_id] = self._avoid.get(batch.replica_id, 0) + 1
 
     def _retry_hint(self, now: float) -> float | None:
         """Seconds until another replica is predicted to take work, or None if none exists."""
@@ -545,11 +579,20 @@ class VersionDispatcher:
         return bool(self.batcher.depth or self._flights)
 
     def abandon(self, err: RichError) -> int:
-        """Answer everything still queued with ``err`` (end of a drain's grace period)."""
+        """Answer everything still queued or on the wire with ``err`` (end of a drain's grace
+        period), and cancel the calls so workers free their devices."""
         items = self.batcher.drain()
         for item in items:
             item.payload.reject(err)
-        return len(items)
+        answered = len(items)
+        for flight in list(self._flights.values()):
+            for pending in flight.batch.payloads:
+                if not pending.future.done():
+                    pending.reject(err)
+                    answered += 1
+            for call in flight.calls.values():
+                call.cancel()
+        return answered
 
     async def stop(self) -> None:
         if self._timer is not None:

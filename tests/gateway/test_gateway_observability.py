@@ -1,0 +1,158 @@
+"""Tracing across gateway -> worker (W3C traceparent) and the gateway's Prometheus metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.request
+from typing import Any
+
+from google.protobuf import duration_pb2
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind, StatusCode
+from prometheus_client.parser import text_string_to_metric_families
+
+WORKER_SPAN = "halcyon.v1.WorkerService/ExecuteBatch"
+
+
+async def test_infer_batch_and_worker_spans_form_one_story(
+    start_worker: Any, start_gateway: Any, span_exporter: InMemorySpanExporter, wait_until: Any
+) -> None:
+    worker = await start_worker(replica_id="w-1")
+    gw = await start_gateway()
+    gw.apply([worker])
+
+    reply = await gw.infer()
+    assert reply.output
+
+    def finished(name: str) -> list[Any]:
+        return [s for s in span_exporter.get_finished_spans() if s.name == name]
+
+    await wait_until(lambda: finished("Infer") and finished("batch") and finished(WORKER_SPAN))
+    [infer] = finished("Infer")
+    [batch] = finished("batch")
+    [executed] = finished(WORKER_SPAN)
+
+    # The batch span links to the request span it served.
+    assert batch.links, "the batch span has no links"
+    linked = {(link.context.trace_id, link.context.span_id) for link in batch.links}
+    assert (infer.context.trace_id, infer.context.span_id) in linked
+    assert batch.attributes is not None
+    assert batch.attributes["halcyon.batch.size"] == 1
+    assert batch.attributes["halcyon.version"] == "v1"
+
+    # The worker continues the batch's trace: traceparent crossed the wire.
+    assert executed.kind == SpanKind.SERVER
+    assert executed.parent is not None
+    assert executed.parent.is_remote
+    assert executed.parent.span_id == batch.context.span_id
+    assert executed.context.trace_id == batch.context.trace_id
+    assert executed.attributes is not None
+    assert executed.attributes["halcyon.replica_id"] == "w-1"
+    assert executed.attributes["halcyon.outcome"] == "ok"
+
+
+async def test_batch_span_links_every_request_it_carries(
+    start_worker: Any, start_gateway: Any, span_exporter: InMemorySpanExporter, wait_until: Any
+) -> None:
+    worker = await start_worker(intercept_ms=40.0)
+    gw = await start_gateway()
+    gw.apply([worker])
+
+    replies = await asyncio.gather(*(gw.infer(text=f"p{i}") for i in range(12)))
+
+    spans = span_exporter.get_finished_spans()
+    infer_ids = {s.context.span_id for s in spans if s.name == "Infer"}
+    assert len(infer_ids) == 12
+    batches = [s for s in spans if s.name == "batch"]
+    linked: list[int] = []
+    for b in batches:
+        assert b.attributes is not None
+        assert len(b.links) == b.attributes["halcyon.batch.size"]
+        linked += [link.context.span_id for link in b.links]
+    # Every request span is linked by exactly one (successful) batch.
+    assert sorted(linked) == sorted(infer_ids)
+    assert max(r.batch.size for r in replies) == max(len(b.links) for b in batches) > 1
+    workers = [s for s in spans if s.name == WORKER_SPAN]
+    assert {w.parent.span_id for w in workers if w.parent} == {b.context.span_id for b in batches}
+
+
+async def test_failed_request_span_is_marked_as_error(
+    start_worker: Any, start_gateway: Any, span_exporter: InMemorySpanExporter
+) -> None:
+    gw = await start_gateway()
+    gw.apply([await start_worker(intercept_ms=150.0)])
+    err = await gw.infer_error(timeout=duration_pb2.Duration(nanos=1_000_000))
+    assert err.reason == "DEADLINE_UNREACHABLE"
+    [infer] = [s for s in span_exporter.get_finished_spans() if s.name == "Infer"]
+    assert infer.status.status_code == StatusCode.ERROR
+
+
+async def test_metrics_after_traffic(start_worker: Any, start_gateway: Any) -> None:
+    a = await start_worker(replica_id="w-a")
+    b = await start_worker(replica_id="w-b", version="v1", speed=0.5)
+    gw = await start_gateway(metrics=True)
+    gw.apply([a, b])
+    for _ in range(3):
+        await asyncio.gather(*(gw.infer(text=f"p{i}") for i in range(16)))
+    await gw.infer_error(model="no-such-model")
+
+    assert gw.sample("halcyon_gateway_requests_total", {"outcome": "ok"}) == 48
+    assert gw.sample("halcyon_gateway_requests_total", {"outcome": "unknown_model"}) == 1
+    assert gw.sample("halcyon_gateway_request_seconds_count") == 48
+
+    batches = gw.sample("halcyon_gateway_batch_size_count")
+    assert 1 <= batches < 48  # batched
+    assert gw.sample("halcyon_gateway_batch_size_sum") == 48
+    assert gw.sample("halcyon_gateway_batch_size_bucket", {"le": "+Inf"}) == batches
+    assert gw.sample("halcyon_gateway_batch_size_bucket", {"le": "1.0"}) < batches
+    flushes = {
+        reason: gw.sample("halcyon_gateway_batch_flushes_total", {"reason": reason})
+        for reason in ("deadline", "full", "linger", "capacity", "drain")
+    }
+    assert sum(flushes.values()) == batches, flushes
+
+    registry = gw.app.host.registry
+    for rid in ("w-a", "w-b"):
+        labels = {"replica": rid, "version": "v1"}
+        assert gw.sample("halcyon_gateway_replica_latency_estimate_seconds", labels) > 0
+        assert gw.sample("halcyon_gateway_replica_inflight", labels) == 0
+        for gauge in ("intercept_seconds", "per_token_seconds"):
+            value = registry.get_sample_value(f"halcyon_gateway_cost_model_{gauge}", labels)
+            assert value is not None and value >= 0.0, (rid, gauge, value)
+    assert gw.sample("halcyon_gateway_fleet_replicas") == 2
+
+    # The same over HTTP, in the Prometheus text format, on the gateway's metrics port.
+    url = f"http://127.0.0.1:{gw.app.host.metrics_port}/metrics"
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    ok = [
+        s.value
+        for s in families["halcyon_gateway_requests"].samples
+        if s.name == "halcyon_gateway_requests_total" and s.labels.get("outcome") == "ok"
+    ]
+    assert ok == [48.0]
+    assert any(s.name.endswith("_bucket") for s in families["halcyon_gateway_batch_size"].samples)
+    estimates = families["halcyon_gateway_replica_latency_estimate_seconds"].samples
+    assert {s.labels["replica"] for s in estimates} == {"w-a", "w-b"}
+    handled = families["grpc_server_handled"].samples
+    assert any(
+        s.labels.get("grpc_method") == "Infer" and s.labels.get("grpc_code") == "OK"
+        for s in handled
+    )
+
+
+async def test_cost_model_learns_each_replica_separately(
+    start_worker: Any, start_gateway: Any
+) -> None:
+    fast = await start_worker(replica_id="w-fast", intercept_ms=20.0)
+    slow = await start_worker(replica_id="w-slow", intercept_ms=20.0, speed=0.4)
+    gw = await start_gateway()
+    gw.apply([fast, slow])
+    for _ in range(6):
+        await asyncio.gather(*(gw.infer(text=f"p{i}" * (i + 1)) for i in range(6)))
+    d = gw.app.dispatchers[("llama-3-8b", "v1")]
+    fast_model = d.batcher.cost_model("w-fast")
+    slow_model = d.batcher.cost_model("w-slow")
+    assert fast_model.observations >= 1 and slow_model.observations >= 1
+    # A 0.4x replica costs more per batch than the 1.0x one (20 ms vs 50 ms intercept).
+    assert slow_model.upper(100) > fast_model.upper(100)
