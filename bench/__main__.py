@@ -1,0 +1,5 @@
+"""``python -m bench``: the same benchmark command as ``halcyon bench``."""
+
+from bench.cli import main
+
+raise SystemExit(main())

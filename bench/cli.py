@@ -1,0 +1,282 @@
+"""``halcyon bench``: the seeded, reproducible benchmarks, as a command.
+
+What it decides: which scenario runs and how its results are shown. ``--scenario batching``
+(the default) runs every batching strategy on the same traces and prints one table (or JSON
+lines, or a plot); ``fleet`` and ``herd`` hand over to the routing benchmarks in
+``bench.fleet``. Every workload parameter of the batching benchmark is a flag, so the claim
+"Halcyon beats the alternatives" can be tested on anyone's own traffic shape, or on a recorded
+trace (``--trace``).
+
+Output on stdout is deterministic (same flags, same bytes); timing and progress go to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import TextIO
+
+from bench.runner import Cell, Workload, run_cells
+from bench.sim import DeviceModel, SimResult
+from bench.strategies import HALCYON_TOKENS, STRATEGIES, Strategy
+from bench.workload import WorkloadSpec
+
+DEFAULT_RATES = (40.0, 90.0, 200.0, 260.0)
+DEFAULT_SEED = 0xC0FFEE
+
+
+def _int_auto(text: str) -> int:
+    return int(text, 0)  # accepts 0xC0FFEE as well as 12648430
+
+
+def _rates(text: str) -> list[float]:
+    try:
+        rates = [float(part) for part in text.split(",") if part.strip()]
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not a list of rates: {text!r}") from exc
+    if not rates or any(rate <= 0 for rate in rates):
+        raise argparse.ArgumentTypeError("rates must be positive numbers, e.g. 40,90,200,260")
+    return rates
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Adds the benchmark's flags to ``parser`` (``halcyon bench`` and ``python -m bench``)."""
+    parser.add_argument(
+        "--scenario",
+        choices=("batching", "fleet", "herd"),
+        default="batching",
+        help="batching strategies on one device (default), routing across a fleet, or a herd",
+    )
+    wl = parser.add_argument_group("workload (batching)")
+    wl.add_argument(
+        "--rates",
+        type=_rates,
+        default=list(DEFAULT_RATES),
+        help="offered loads in requests/s, comma-separated (default 40,90,200,260)",
+    )
+    wl.add_argument(
+        "--duration", type=float, default=None, help="seconds of arrivals (default 120)"
+    )
+    wl.add_argument(
+        "--seed",
+        type=_int_auto,
+        default=DEFAULT_SEED,
+        help="trace seed, mulberry32 (default 0xC0FFEE, the published trace)",
+    )
+    wl.add_argument("--urgent-share", type=float, default=0.3, help="share of urgent requests")
+    wl.add_argument("--urgent-slo-ms", type=float, default=120.0, help="urgent deadline (ms)")
+    wl.add_argument("--relaxed-slo-ms", type=float, default=900.0, help="relaxed deadline (ms)")
+    wl.add_argument("--size-mu", type=float, default=4.8, help="log-normal mu of request tokens")
+    wl.add_argument(
+        "--size-sigma", type=float, default=0.9, help="log-normal sigma of request tokens"
+    )
+    wl.add_argument(
+        "--arrivals",
+        choices=("poisson", "bursty"),
+        default="poisson",
+        help="Poisson, or on/off bursts (2 s at twice the rate, 2 s at none; same mean)",
+    )
+    wl.add_argument(
+        "--trace",
+        metavar="FILE",
+        default=None,
+        help='replay JSON lines {"arrival_ms", "tokens", "deadline_ms", "cohort"} '
+        "instead of a synthetic trace (--rates and the shape flags are then ignored)",
+    )
+    dev = parser.add_argument_group("device")
+    dev.add_argument("--intercept-ms", type=float, default=18.0, help="fixed ms per batch")
+    dev.add_argument("--ms-per-token", type=float, default=0.022, help="ms per batch token")
+    dev.add_argument("--jitter", type=float, default=0.08, help="uniform ± share of duration")
+    out = parser.add_argument_group("output")
+    out.add_argument(
+        "--objective",
+        choices=("requests", "tokens", "both"),
+        default="requests",
+        help="what Halcyon maximises under overload: on-time requests (default), on-time "
+        "tokens, or both as separate rows",
+    )
+    out.add_argument("--json", action="store_true", help="one JSON object per (strategy, rate)")
+    out.add_argument("--plot", metavar="FILE.png", default=None, help="goodput and p99 vs load")
+    out.add_argument(
+        "--progress", action="store_true", help="progress on stderr even when not a terminal"
+    )
+    out.add_argument("--workers", type=int, default=2, help="processes to run cells in (default 2)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Runs the chosen scenario; returns the process exit code."""
+    if args.scenario == "fleet":
+        from bench.fleet import fleet_main
+
+        return fleet_main(args.seed, args.duration, args.json, sys.stdout)
+    if args.scenario == "herd":
+        from bench.fleet import herd_main
+
+        return herd_main(args.seed, args.json, sys.stdout)
+    try:
+        return run_batching(args, sys.stdout, sys.stderr)
+    except ValueError as exc:
+        print(f"halcyon bench: {exc}", file=sys.stderr)
+        return 2
+
+
+def _strategies(objective: str) -> list[Strategy]:
+    rows = list(STRATEGIES)
+    if objective == "tokens":
+        rows[-1] = HALCYON_TOKENS
+    elif objective == "both":
+        rows.append(HALCYON_TOKENS)
+    return rows
+
+
+def _workloads(args: argparse.Namespace) -> list[Workload]:
+    if args.trace is not None:
+        return [Workload(trace_file=args.trace, duration_s=args.duration)]
+    return [
+        Workload(
+            spec=WorkloadSpec(
+                rate=rate,
+                duration_s=args.duration if args.duration is not None else 120.0,
+                seed=args.seed,
+                urgent_share=args.urgent_share,
+                urgent_slo_ms=args.urgent_slo_ms,
+                relaxed_slo_ms=args.relaxed_slo_ms,
+                size_mu=args.size_mu,
+                size_sigma=args.size_sigma,
+                arrivals=args.arrivals,
+            )
+        )
+        for rate in args.rates
+    ]
+
+
+def run_batching(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    device = DeviceModel(args.intercept_ms, args.ms_per_token, args.jitter)
+    if device.intercept_ms < 0 or device.ms_per_token < 0 or not 0 <= device.jitter < 1:
+        raise ValueError("device constants must be non-negative and jitter in [0, 1)")
+    workloads = _workloads(args)
+    strategies = _strategies(args.objective)
+    cells = [Cell(w, s, device) for w in workloads for s in strategies]
+    show_progress = args.progress or err.isatty()
+    started = time.perf_counter()
+
+    def progress(done: int, total: int, result: SimResult) -> None:
+        if show_progress:
+            err.write(
+                f"\r  [{done}/{total}] {result.rate:g} req/s · {result.strategy}"
+                f" ({result.wall_s:.2f} s)\x1b[K"
+            )
+            err.flush()
+
+    results = run_cells(cells, workers=args.workers, on_result=progress)
+    wall = time.perf_counter() - started
+    if show_progress:
+        err.write("\r\x1b[K")
+    if args.json:
+        for result in results:
+            out.write(json.dumps(result.as_json()) + "\n")
+    else:
+        out.write(describe(args, device) + "\n\n")
+        out.write(format_table(results) + "\n")
+    err.write(f"{len(cells)} cells in {wall:.2f} s wall ({args.workers} workers)\n")
+    if args.plot:
+        from bench.plot import plot_results
+
+        plot_results(results, args.plot, title=describe(args, device, short=True))
+        err.write(f"plot written to {args.plot}\n")
+    return 0
+
+
+def describe(args: argparse.Namespace, device: DeviceModel, *, short: bool = False) -> str:
+    """One line naming the workload and device, so a table never floats free of its inputs."""
+    if args.trace is not None:
+        work = f"trace {args.trace}"
+    else:
+        duration = args.duration if args.duration is not None else 120.0
+        work = (
+            f"{args.arrivals} arrivals, {duration:g} s, seed {args.seed:#x}; "
+            f"{args.urgent_share:.0%} urgent @ {args.urgent_slo_ms:g} ms, "
+            f"rest @ {args.relaxed_slo_ms:g} ms; tokens lognormal({args.size_mu:g}, "
+            f"{args.size_sigma:g}) in [16, 4096]"
+        )
+    dev = (
+        f"device {device.intercept_ms:g} ms + {device.ms_per_token:g} ms/token "
+        f"± {device.jitter:.0%}"
+    )
+    if short:
+        return f"{work}\n{dev}"
+    return (
+        f"Batching benchmark — {work}; {dev}. Goodput = requests finished by their "
+        "deadline per second; shed and late requests count against attainment."
+    )
+
+
+_COLUMNS = (
+    ("rate", "{:g}"),
+    ("strategy", "{}"),
+    ("goodput/s", "{:.1f}"),
+    ("p50 ms", "{:.0f}"),
+    ("p95 ms", "{:.0f}"),
+    ("p99 ms", "{:.0f}"),
+    ("urgent", "{:.1%}"),
+    ("relaxed", "{:.1%}"),
+    ("util", "{:.1%}"),
+    ("batch", "{:.1f}"),
+    ("shed", "{:d}"),
+    ("late", "{:d}"),
+)
+
+
+def format_table(results: Sequence[SimResult]) -> str:
+    """A Markdown table: one row per (rate, strategy)."""
+    rows = [
+        [
+            fmt.format(value)
+            for (_name, fmt), value in zip(
+                _COLUMNS,
+                (
+                    r.rate,
+                    r.strategy,
+                    r.goodput_per_s,
+                    r.p50_ms,
+                    r.p95_ms,
+                    r.p99_ms,
+                    r.urgent_slo,
+                    r.relaxed_slo,
+                    r.utilisation,
+                    r.mean_batch,
+                    r.shed,
+                    r.late,
+                ),
+                strict=True,
+            )
+        ]
+        for r in results
+    ]
+    header = [name for name, _fmt in _COLUMNS]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [
+            cell.ljust(width) if i == 1 else cell.rjust(width)
+            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
+        ]
+        return "| " + " | ".join(padded) + " |"
+
+    divider = (
+        "|"
+        + "|".join(
+            ":" + "-" * (w + 1) if i == 1 else "-" * (w + 1) + ":" for i, w in enumerate(widths)
+        )
+        + "|"
+    )
+    return "\n".join([line(header), divider, *(line(row) for row in rows)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    configure(parser)
+    return run(parser.parse_args(argv))

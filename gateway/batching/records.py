@@ -1,0 +1,117 @@
+"""The batcher's vocabulary: lanes, reasons, queued items, batches and the answers it gives.
+
+What it decides: nothing — it names things. Every way a request can leave the batcher has a
+typed reason here, so the gateway can answer each caller precisely (``DEADLINE_EXCEEDED /
+DEADLINE_UNREACHABLE`` for work that cannot make it, ``UNAVAILABLE / QUEUE_FULL`` for a full
+queue, and so on) and metrics can count each outcome separately.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Generic, TypeVar
+
+P = TypeVar("P")
+
+
+class Lane(StrEnum):
+    """Interactive work is latency-critical; bulk work fills spare capacity and ages in."""
+
+    INTERACTIVE = "interactive"
+    BULK = "bulk"
+
+
+class FlushReason(StrEnum):
+    """Why a batch left the queue when it did."""
+
+    DEADLINE = "deadline"  # waiting one more tick would breach a member's deadline
+    FULL = "full"  # nothing more can join: size, token or duration ceiling, or a deadline
+    LINGER = "linger"  # the oldest member waited the linger ceiling
+    CAPACITY = "capacity"  # a replica slot freed up while work was waiting for one
+
+
+class DropReason(StrEnum):
+    """Why a request left the batcher without being served."""
+
+    QUEUE_FULL = "queue_full"  # admission: the queue is at its depth limit
+    NO_CAPACITY = "no_capacity"  # admission: no replica to run it on
+    DEADLINE_UNREACHABLE = "deadline_unreachable"  # admission: predicted to finish too late
+    DEADLINE_MISSED = "deadline_missed"  # queued: can no longer finish in time, even alone
+    SHED_FOR_GOODPUT = "shed_for_goodput"  # queued: dropped so that more work finishes in time
+    CLOSED = "closed"  # admission after close()
+
+
+class Objective(StrEnum):
+    """What the batcher maximises when it cannot serve everything in time."""
+
+    ON_TIME_REQUESTS = "on_time_requests"  # the number of requests finished by their deadline
+    ON_TIME_TOKENS = "on_time_tokens"  # the tokens of those requests (large work not singled out)
+
+
+@dataclass(slots=True, eq=False)
+class BatchItem(Generic[P]):
+    """One queued request. ``payload`` is the caller's handle (e.g. a request id or future).
+
+    Times are on the batcher's clock (seconds). Identity is the object itself: two items with
+    equal fields are still two requests.
+    """
+
+    payload: P
+    tokens: int
+    deadline: float
+    lane: Lane
+    arrival: float
+    seq: int
+    # Set when a bulk item has waited the aging period and competes in the interactive lane.
+    promoted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Accepted(Generic[P]):
+    """The request is queued; ``predicted_completion`` is the batcher's current estimate."""
+
+    item: BatchItem[P]
+    predicted_completion: float
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The request was refused at admission, in microseconds, before it cost anything.
+
+    ``predicted_completion`` is when it would have finished (``None`` when the refusal is not
+    about time, e.g. a full queue); ``retry_after`` is how long until retrying could work
+    (the predicted time for the queue ahead to drain), never a constant.
+    """
+
+    reason: DropReason
+    predicted_completion: float | None
+    retry_after: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Dropped(Generic[P]):
+    """A queued request the batcher gave up on, with the evidence behind the decision."""
+
+    item: BatchItem[P]
+    reason: DropReason
+    at: float
+    predicted_completion: float | None
+
+
+@dataclass(slots=True, eq=False)
+class Batch(Generic[P]):
+    """A batch handed to one replica slot. Report it back with ``complete`` or ``fail``."""
+
+    batch_id: int
+    replica_id: str
+    items: list[BatchItem[P]]
+    tokens: int
+    reason: FlushReason
+    dispatched_at: float
+    predicted_seconds: float
+    predicted_upper_seconds: float
+
+    @property
+    def payloads(self) -> list[P]:
+        return [item.payload for item in self.items]
