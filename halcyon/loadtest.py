@@ -187,10 +187,10 @@ class LoadGenerator:
 
     def run(self) -> Tally:
         try:
-            grpc.channel_ready_future(self.channel).result(timeout=10.0)
+            grpc.channel_ready_future(self.channel).result(timeout=self.args.connect_timeout)
         except grpc.FutureTimeoutError:
             raise ConnectionError(
-                f"no gateway answered at {self.args.target} within 10 s"
+                f"no gateway answered at {self.args.target} within {self.args.connect_timeout:g} s"
             ) from None
         self.tally.started = time.perf_counter()
         self._stop_at = self.tally.started + self.args.seconds
@@ -301,6 +301,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--max-inflight", type=int, default=4096, help="open loop: cap on outstanding requests"
     )
     parser.add_argument("--seed", type=int, default=1, help="seed for the request mix")
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up if the gateway does not accept a connection within this (default 10)",
+    )
+    parser.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="give up if the gateway does not accept a connection within this (default 10)",
+    )
     parser.add_argument(
         "--gateway-metrics",
         metavar="HOST:PORT",

@@ -113,7 +113,7 @@ def test_stack_prints_how_to_call_it_and_loadtest_drives_it(tmp_path: Path) -> N
 def test_loadtest_explains_an_unreachable_gateway() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "halcyon", "loadtest", "--target", "127.0.0.1:1",
-         "--clients", "1", "--seconds", "1"],
+         "--clients", "1", "--seconds", "1", "--connect-timeout", "1"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 1
