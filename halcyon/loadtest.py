@@ -309,13 +309,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="give up if the gateway does not accept a connection within this (default 10)",
     )
     parser.add_argument(
-        "--connect-timeout",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="give up if the gateway does not accept a connection within this (default 10)",
-    )
-    parser.add_argument(
         "--gateway-metrics",
         metavar="HOST:PORT",
         help="gateway metrics address; reports the gateway's CPU time per request",
