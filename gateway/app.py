@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import socket
 from dataclasses import dataclass, field
@@ -530,7 +531,9 @@ class GatewayApp:
         models = []
         for d in self.dispatchers.values():
             for rid in d.replicas:
-                cost = d.batcher.cost_model(rid)
+                cost = d.cost_model(rid)
+                if cost is None:
+                    continue
                 models.append(
                     fleet_pb2.CostModel(
                         replica_id=rid,
@@ -549,15 +552,15 @@ class GatewayApp:
             views = {v.replica_id: v for v in d.router.views(now)}
             for rid in d.replicas:
                 view = views.get(rid)
-                cost = d.batcher.cost_model(rid)
+                cost = d.cost_model(rid)
                 samples.append(
                     ReplicaSample(
                         replica_id=rid,
                         version=version,
                         inflight=view.inflight if view else 0,
                         latency_estimate_s=view.latency_estimate_s if view else 0.0,
-                        cost_intercept_s=cost.intercept,
-                        cost_per_token_s=cost.slope,
+                        cost_intercept_s=cost.intercept if cost else math.nan,
+                        cost_per_token_s=cost.slope if cost else math.nan,
                     )
                 )
         return samples

@@ -49,9 +49,11 @@ from gateway.batching import (
     DropReason,
     FlushReason,
     Lane,
+    OnlineCostModel,
     Rejected,
 )
 from gateway.routing import (
+    BreakerState,
     HedgePolicy,
     HedgeRace,
     Lease,
@@ -199,6 +201,9 @@ class VersionDispatcher:
         self._avoid: dict[str, int] = {}
         self._batch_ids = itertools.count(1)
         self.replicas: dict[str, str] = {}  # replica id -> address
+        self._slots: dict[str, int] = {}
+        self._draining: set[str] = set()
+        self._shunned: set[str] = set()  # breaker open: not offered to the batcher as capacity
 
     # -- membership -------------------------------------------------------------------------
 
@@ -209,13 +214,17 @@ class VersionDispatcher:
             ReplicaSpec(replica_id, slots=slots, prior_latency_s=NOMINAL_BATCH_S / speed), now
         )
         self.router.set_draining(replica_id, False)
-        self.batcher.add_replica(replica_id, slots=slots)
+        self._draining.discard(replica_id)
+        self._slots[replica_id] = slots
+        if replica_id not in self._shunned:
+            self.batcher.add_replica(replica_id, slots=slots)
         self.replicas[replica_id] = address
         self.kick()
 
     def drain_replica(self, replica_id: str) -> None:
         """A draining replica takes no new batches; its in-flight ones finish."""
         self.router.set_draining(replica_id, True)
+        self._draining.add(replica_id)
         self.batcher.remove_replica(replica_id)
         self.kick()
 
@@ -224,7 +233,18 @@ class VersionDispatcher:
         self.batcher.remove_replica(replica_id)
         self._pool.close(replica_id)
         self.replicas.pop(replica_id, None)
+        self._slots.pop(replica_id, None)
+        self._draining.discard(replica_id)
+        self._shunned.discard(replica_id)
         self.kick()
+
+    def cost_model(self, replica_id: str) -> OnlineCostModel | None:
+        """The replica's learned batch cost, or None while the batcher does not plan for it
+        (draining, or its breaker is open)."""
+        try:
+            return self.batcher.cost_model(replica_id)
+        except KeyError:
+            return None
 
     @property
     def has_replicas(self) -> bool:
@@ -235,6 +255,10 @@ class VersionDispatcher:
     def submit(self, pending: PendingRequest) -> None:
         """Queue a request or raise its typed rejection at once (microseconds, no I/O)."""
         v = pending.valid
+        if self._shunned:
+            # A shunned replica may have gone half-open since the last step: offer it again
+            # before judging capacity, or a fleet of one would refuse work forever.
+            self._sync_breakers(self._clock.now())
         verdict = self.batcher.submit(
             pending,
             tokens=v.work_tokens,
@@ -260,11 +284,37 @@ class VersionDispatcher:
             self._wake.clear()
             try:
                 self._step()
-            except Exception:  # a bug must not silently stop dispatching
+            except Exception:
+                # A bug must neither stop dispatching nor leave callers waiting for a deadline:
+                # what is queued gets a typed INTERNAL answer now, and the loop goes on.
                 log.exception("dispatcher step failed", extra={"model": self.model})
+                for item in self.batcher.drain():
+                    item.payload.reject(
+                        RichError(
+                            grpc.StatusCode.INTERNAL,
+                            "internal error in the gateway's scheduler",
+                            reason=Reason.INTERNAL,
+                        )
+                    )
+
+    def _sync_breakers(self, now: float) -> None:
+        """A replica whose breaker is open is not capacity: the batcher must not plan batches
+        for it (they would be sized for a fleet that is not there). Half-open counts again, so
+        its probe can be planned."""
+        for view in self.router.views(now):
+            rid = view.replica_id
+            is_open = view.breaker is BreakerState.OPEN
+            if is_open and rid not in self._shunned:
+                self._shunned.add(rid)
+                self.batcher.remove_replica(rid)
+            elif not is_open and rid in self._shunned:
+                self._shunned.discard(rid)
+                if rid not in self._draining and rid in self._slots:
+                    self.batcher.add_replica(rid, slots=self._slots[rid])
 
     def _step(self) -> None:
         batcher = self.batcher
+        self._sync_breakers(self._clock.now())
         batcher.poll()
         self._answer_dropped()
         now = self._clock.now()
@@ -272,6 +322,7 @@ class VersionDispatcher:
             del self._busy_until[rid]
         busy = list(self._busy_until)
         avoid = [rid for rid, n in self._avoid.items() if n > 0]
+        retry_at: float | None = None  # when the router expects a replica to take work
         while batcher.depth and batcher.free_replicas():
             lease = self.router.pick(now, exclude=busy + avoid)
             if (
@@ -283,6 +334,7 @@ class VersionDispatcher:
                 # waiting for): a retry where it failed beats no retry.
                 lease = self.router.pick(now, exclude=busy)
             if isinstance(lease, NoCapacity):
+                retry_at = now + lease.retry_after_s
                 break
             batch = batcher.take_batch(lease.replica_id)
             if batch is None:
@@ -292,6 +344,8 @@ class VersionDispatcher:
             self._launch(batch, lease, now)
         self._answer_dropped()
         wake = batcher.next_wakeup(now)
+        if retry_at is not None and batcher.depth:
+            wake = retry_at if wake is None else min(wake, retry_at)
         if busy and batcher.depth:
             # Replicas that pushed back become eligible again at their advertised time.
             soonest = min(self._busy_until[rid] for rid in busy)

@@ -182,6 +182,10 @@ def _opportunistic(
     if load >= 1.0:
         return 0.0
     cycle = fa / (1.0 - load)
+    if cycle <= 0.0:
+        # A device with no fixed cost per batch: there is no cycle to wait out, every tighter
+        # request fits in a batch of its own.
+        cycle = math.ulp(1.0)
     served = 0.0
     for r, t in by_size:
         if r >= protected:
