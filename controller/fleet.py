@@ -128,6 +128,9 @@ class FleetManager:
         self._unresolved_warned: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
         self.closing = False
+        # Set on close: client streams (outcome reports) end on it instead of holding the
+        # server's stop for its whole grace period.
+        self.closed = asyncio.Event()
 
     # -- side effects of every change ---------------------------------------------------------
 
@@ -288,6 +291,7 @@ class FleetManager:
         for handle in list(self._sessions.values()):
             handle.end(None)
         self.feed.close()
+        self.closed.set()
 
     def session_count(self) -> int:
         return len(self._sessions)

@@ -196,19 +196,42 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):  # type: ignore[m
         context: grpc.aio.ServicerContext,
     ) -> control_pb2.ReportOutcomesResponse:
         received = 0
-        async for report in request_iterator:
-            try:
-                by_kind = self._outcomes.ingest(report)
-            except InvalidReport as exc:
-                await self._fail(
-                    context,
-                    InvalidReport(
-                        exc.field, f"{exc.description} (report {received + 1} on this stream)"
-                    ),
-                )
-            self._metrics.count_outcomes(by_kind)
-            received += 1
+        reports = request_iterator.__aiter__()
+        closed = asyncio.ensure_future(self._fleet.closed.wait())
+        try:
+            while True:
+                nxt = asyncio.ensure_future(reports.__anext__())
+                await asyncio.wait({nxt, closed}, return_when=asyncio.FIRST_COMPLETED)
+                if not nxt.done():
+                    # Shutting down: end the stream now; the gateway resends after reconnect.
+                    nxt.cancel()
+                    break
+                try:
+                    report = nxt.result()
+                except StopAsyncIteration:
+                    break
+                received += await self._ingest(report, received, context)
+        finally:
+            closed.cancel()
         return control_pb2.ReportOutcomesResponse(reports_received=received)
+
+    async def _ingest(
+        self,
+        report: control_pb2.ReportOutcomesRequest,
+        received: int,
+        context: grpc.aio.ServicerContext,
+    ) -> int:
+        try:
+            by_kind = self._outcomes.ingest(report)
+        except InvalidReport as exc:
+            await self._fail(
+                context,
+                InvalidReport(
+                    exc.field, f"{exc.description} (report {received + 1} on this stream)"
+                ),
+            )
+        self._metrics.count_outcomes(by_kind)
+        return 1
 
     # -- operator RPCs ------------------------------------------------------------------------
 

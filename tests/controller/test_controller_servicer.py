@@ -588,3 +588,15 @@ async def test_shutdown_ends_streams_cleanly(start_stack: StackFactory) -> None:
     events = stack.controller.store.list_fleet_events(replica_id="r1")
     assert events[-1].kind == FleetEventKind.REMOVED
     assert events[-1].detail == "controller shutting down"
+
+
+async def test_shutdown_ends_open_outcome_report_streams(start_stack: StackFactory) -> None:
+    stack = await start_stack()
+    reports = stack.stub.ReportOutcomes(metadata=FLEET)
+    await reports.write(control_pb2.ReportOutcomesRequest(gateway_id="gw-1"))
+    await wait_until(lambda: stack.controller.outcomes.gateways() != [])
+    await stack.controller.shutdown()
+    # The controller ends the gateway's client stream itself instead of waiting for the
+    # gateway to close it (which would hold the server's stop for its whole grace period).
+    response = await asyncio.wait_for(reports, TIMEOUT)
+    assert response.reports_received == 1
