@@ -204,6 +204,7 @@ class VersionDispatcher:
         self._slots: dict[str, int] = {}
         self._draining: set[str] = set()
         self._shunned: set[str] = set()  # breaker open: not offered to the batcher as capacity
+        self._breakers_dirty = False  # a fault was recorded: a breaker may have opened
 
     # -- membership -------------------------------------------------------------------------
 
@@ -301,6 +302,7 @@ class VersionDispatcher:
         """A replica whose breaker is open is not capacity: the batcher must not plan batches
         for it (they would be sized for a fleet that is not there). Half-open counts again, so
         its probe can be planned."""
+        self._breakers_dirty = False
         for view in self.router.views(now):
             rid = view.replica_id
             is_open = view.breaker is BreakerState.OPEN
@@ -314,7 +316,9 @@ class VersionDispatcher:
 
     def _step(self) -> None:
         batcher = self.batcher
-        self._sync_breakers(self._clock.now())
+        if self._breakers_dirty or self._shunned:
+            # Breakers open only on a fault and close again only with time: check them then.
+            self._sync_breakers(self._clock.now())
         batcher.poll()
         self._answer_dropped()
         now = self._clock.now()
@@ -484,6 +488,7 @@ class VersionDispatcher:
             self._on_busy()
         else:
             self.router.complete(lease, Outcome.FAULT, None, now)
+            self._breakers_dirty = True
         result = flight.race.settle(lease, response is not None)
         if result.verdict is RaceVerdict.PENDING:
             return

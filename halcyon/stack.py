@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from common.argtypes import non_negative
+
 MODEL = "llama-3-8b"
 
 
@@ -123,7 +125,13 @@ class Stack:
         )  # fmt: skip
         controller = self.wait_ready(ctl)["grpc"]
         fleet = list(BASE_FLEET) + ([CANARY] if a.canary else [])
-        device = ["--intercept-ms", "0", "--ms-per-token", "0"] if a.zero_device_time else []
+        if a.zero_device_time:
+            a.intercept_ms, a.ms_per_token = 0.0, 0.0
+        device = []
+        if a.intercept_ms is not None:
+            device += ["--intercept-ms", str(a.intercept_ms)]
+        if a.ms_per_token is not None:
+            device += ["--ms-per-token", str(a.ms_per_token)]
         workers = []
         for i, spec in enumerate(fleet):
             argv = _flags(
@@ -222,7 +230,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--zero-device-time",
         action="store_true",
-        help="workers take no device time (measures the gateway's own overhead)",
+        help="workers take no device time (measures the gateway's own overhead); "
+        "same as --intercept-ms 0 --ms-per-token 0",
+    )
+    parser.add_argument(
+        "--intercept-ms",
+        type=non_negative,
+        metavar="MS",
+        help="every worker's fixed cost per batch (default: the worker's, 18)",
+    )
+    parser.add_argument(
+        "--ms-per-token",
+        type=non_negative,
+        metavar="MS",
+        help="every worker's marginal cost per token (default: the worker's, 0.022)",
     )
     parser.add_argument(
         "--state-dir", type=Path, help="controller database and logs (default: temp)"
