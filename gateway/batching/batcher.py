@@ -472,7 +472,9 @@ class DeadlineBatcher(Generic[P]):
         elif first.min_deadline - first.upper_end <= self._tick + _EPSILON:
             reason = FlushReason.DEADLINE
         elif now - min(item.arrival for item in first.items) >= self._cfg.linger_s - _EPSILON:
-            reason = FlushReason.LINGER
+            # With no linger configured nothing waited on purpose: the batch left because a
+            # replica was free, which is what CAPACITY means.
+            reason = FlushReason.LINGER if self._cfg.linger_s > 0 else FlushReason.CAPACITY
         if reason is None:
             return None
         return self._dispatch(plan, first, replica, reason, now)

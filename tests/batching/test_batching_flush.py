@@ -276,3 +276,13 @@ def test_a_fleet_of_replicas_with_several_slots(clock: ManualClock) -> None:
         clock.advance(0.001)
         batcher.complete(batch, batch.predicted_seconds)
     assert batcher.snapshot().completed_batches == 3
+
+
+def test_without_linger_an_idle_replica_takes_work_at_once_as_capacity(
+    clock: ManualClock,
+) -> None:
+    batcher = make_batcher(clock, BatcherConfig(horizon_s=10.0, linger_s=0.0))
+    batcher.submit("a", tokens=100, deadline=clock.now() + 5.0)
+    batch = batcher.take_batch("r1")
+    assert batch is not None and batch.payloads == ["a"]
+    assert batch.reason is FlushReason.CAPACITY  # nothing lingered: the replica was free
