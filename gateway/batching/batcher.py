@@ -459,7 +459,7 @@ class DeadlineBatcher(Generic[P]):
             replica.capacity_credit = 0
             return None
         now = self._clock.now()
-        plan = self._replan(now, replica)
+        plan = self._replan(now, replica, self._balance_cap(replica))
         if not plan.batches:
             replica.capacity_credit = 0
             return None
@@ -839,8 +839,27 @@ class DeadlineBatcher(Generic[P]):
             slots=slots,
         )
 
-    def _replan(self, now: float, first: _Replica[P] | None) -> Plan[P]:
-        """Re-plans the whole queue, applies its drops, and caches the result."""
+    def _balance_cap(self, replica: _Replica[P]) -> float:
+        """How long a batch on ``replica`` may run: no longer than the fastest replica would
+        take for everything queued. A straggler that frees first then takes only the share it
+        can finish as soon as the fast replica would, instead of the whole queue at its own
+        slow pace; the rest waits for the faster one. ``inf`` when ``replica`` is the fastest
+        (or alone), so a single device is never affected."""
+        active = self._active()
+        if len(active) < 2:
+            return math.inf
+        tokens = self._queued_tokens
+        own = replica.model.predict(tokens)
+        fastest = min(r.model.predict(tokens) for r in active)
+        return math.inf if own <= fastest else fastest
+
+    def _replan(
+        self, now: float, first: _Replica[P] | None, horizon_cap: float = math.inf
+    ) -> Plan[P]:
+        """Re-plans the whole queue, applies its drops, and caches the result.
+
+        ``horizon_cap`` shortens the longest batch for this plan only (see ``_balance_cap``).
+        """
         if self._bulk_fifo:
             self._promote_aged(now)
         views = self._slot_views(now, first)
@@ -857,7 +876,7 @@ class DeadlineBatcher(Generic[P]):
             (self._int, self._bulk),
             views,
             now=now,
-            horizon=self._horizon,
+            horizon=min(self._horizon, horizon_cap),
             max_items=cfg.max_batch_items,
             max_tokens=cfg.max_batch_tokens,
             objective=cfg.objective,

@@ -15,6 +15,7 @@ from gateway.batching import (
     FlushReason,
     Lane,
     Objective,
+    OnlineCostModel,
     Rejected,
 )
 
@@ -286,3 +287,29 @@ def test_without_linger_an_idle_replica_takes_work_at_once_as_capacity(
     batch = batcher.take_batch("r1")
     assert batch is not None and batch.payloads == ["a"]
     assert batch.reason is FlushReason.CAPACITY  # nothing lingered: the replica was free
+
+
+def test_a_straggler_that_frees_first_takes_only_what_it_finishes_as_soon_as_the_fast_one(
+    clock: ManualClock,
+) -> None:
+    """Heterogeneous fleet: the 0.5x replica frees first; it must not take the whole queue."""
+    batcher: DeadlineBatcher[str] = DeadlineBatcher(
+        clock, BatcherConfig(horizon_s=10.0, linger_s=0.0)
+    )
+    batcher.add_replica("fast", slots=1, cost_model=exact_model())
+    slow = OnlineCostModel(2 * INTERCEPT, 2 * SLOPE, initial_spread=0.0)
+    batcher.add_replica("slow", slots=1, cost_model=slow)
+    batcher.submit("busy", tokens=100, deadline=clock.now() + 5.0)
+    occupied = batcher.take_batch("fast")
+    assert occupied is not None
+    for i in range(20):
+        batcher.submit(f"q{i}", tokens=100, deadline=clock.now() + 5.0)
+    batch = batcher.take_batch("slow")
+    assert batch is not None
+    whole_queue_on_fast = INTERCEPT + SLOPE * 20 * 100
+    assert 0 < len(batch.items) < 20
+    assert batch.predicted_seconds <= whole_queue_on_fast + 1e-9
+    # The fastest replica is never held back by its own speed: it takes the rest at once.
+    batcher.complete(occupied, 0.02)
+    rest = batcher.take_batch("fast")
+    assert rest is not None and len(rest.items) == 20 - len(batch.items)
