@@ -103,20 +103,35 @@ class GatewayMetrics:
     """``halcyon_gateway_*`` families, with children pre-bound for the hot path."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        requests = Counter(
+        def labeled(name: str, doc: str, label: str, values: tuple[str, ...]) -> dict[str, Counter]:
+            # Every child exists from the start, so rate() queries work before the first event.
+            family = Counter(name, doc, [label], registry=registry)
+            return {v: family.labels(v) for v in values}
+
+        self.requests = labeled(
             "halcyon_gateway_requests",
             "Infer calls by how they ended (ok or the ErrorInfo reason, lower-cased).",
-            ["outcome"],
-            registry=registry,
+            "outcome",
+            REQUEST_OUTCOMES,
         )
-        self.requests = {o: requests.labels(o) for o in REQUEST_OUTCOMES}
-        sheds = Counter(
+        self.shed = labeled(
             "halcyon_gateway_shed",
             "Requests refused or dropped by the gateway, by reason.",
-            ["reason"],
-            registry=registry,
+            "reason",
+            SHED_REASONS,
         )
-        self.shed = {r: sheds.labels(r) for r in SHED_REASONS}
+        self.flushes = labeled(
+            "halcyon_gateway_batch_flushes",
+            "Dispatched batches by flush reason.",
+            "reason",
+            FLUSH_REASONS,
+        )
+        self.hedges = labeled(
+            "halcyon_gateway_hedges",
+            "Hedged dispatches: fired, won (the hedge answered first), lost, declined.",
+            "result",
+            HEDGE_RESULTS,
+        )
         self.latency = Histogram(
             "halcyon_gateway_request_seconds",
             "Latency of successful Infer calls, receipt to answer.",
@@ -129,20 +144,6 @@ class GatewayMetrics:
             buckets=_SIZE_BUCKETS,
             registry=registry,
         )
-        flushes = Counter(
-            "halcyon_gateway_batch_flushes",
-            "Dispatched batches by flush reason.",
-            ["reason"],
-            registry=registry,
-        )
-        self.flushes = {r: flushes.labels(r) for r in FLUSH_REASONS}
-        hedges = Counter(
-            "halcyon_gateway_hedges",
-            "Hedged dispatches: fired, won (the hedge answered first), lost, declined.",
-            ["result"],
-            registry=registry,
-        )
-        self.hedges = {r: hedges.labels(r) for r in HEDGE_RESULTS}
         self.busy_retries = Counter(
             "halcyon_gateway_busy_retries",
             "Batches re-routed because a replica answered REPLICA_BUSY (backpressure).",
