@@ -487,17 +487,22 @@ class GatewayApp:
     # -- callbacks from dispatchers ---------------------------------------------------------------
 
     def _on_batch(
-        self, batch: Batch[PendingRequest], replica_id: str, latency: float, ok: bool
+        self,
+        model: str,
+        version: str,
+        batch: Batch[PendingRequest],
+        replica_id: str,
+        latency: float,
+        ok: bool,
     ) -> None:
         self.metrics.batch_size.observe(len(batch.items))
         if not ok:
             self.metrics.batch_failures.inc()
         if self.link is not None:
-            first = batch.items[0].payload.valid
             self.link.record_batch(
                 control_pb2.BatchOutcome(
-                    model=first.model,
-                    version=self._version_of(batch),
+                    model=model,
+                    version=version,
                     replica_id=replica_id,
                     size=len(batch.items),
                     tokens=batch.tokens,
@@ -505,12 +510,6 @@ class GatewayApp:
                     ok=ok,
                 )
             )
-
-    def _version_of(self, batch: Batch[PendingRequest]) -> str:
-        for (_model, version), d in self.dispatchers.items():
-            if batch.replica_id in d.replicas:
-                return version
-        return ""
 
     def _on_flush(self, reason: FlushReason, size: int) -> None:
         self.metrics.flushes[reason.value].inc()

@@ -153,16 +153,9 @@ class ControllerLink:
             return max(self._interval / 10, self._next_attempt_at - time.monotonic())
         return self._interval
 
-    def _drain_buffers(self) -> control_pb2.ReportOutcomesRequest | None:
-        if not self._requests and not self._batches:
-            limit, inflight, models = self._report_status()
-            # Still report status so GetState shows a live gateway with its limit.
-            return control_pb2.ReportOutcomesRequest(
-                gateway_id=self._gateway_id,
-                concurrency_limit=limit,
-                inflight=inflight,
-                cost_models=models,
-            )
+    def _drain_buffers(self) -> control_pb2.ReportOutcomesRequest:
+        """Everything recorded since the last report, plus the gateway's status (sent even when
+        nothing happened, so GetState shows a live gateway with its limit)."""
         requests = [_request_outcome(*record) for record in self._requests]
         batches = list(self._batches)
         self._requests.clear()
@@ -179,9 +172,7 @@ class ControllerLink:
 
     async def _reports(self) -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
         while True:
-            report = self._drain_buffers()
-            if report is not None:
-                yield report
+            yield self._drain_buffers()
             await asyncio.sleep(self._interval)
 
     async def _report_forever(self) -> None:
@@ -196,8 +187,6 @@ class ControllerLink:
 
     async def _send_once(self) -> None:
         report = self._drain_buffers()
-        if report is None:
-            return
 
         async def one() -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
             yield report

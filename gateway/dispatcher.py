@@ -173,7 +173,7 @@ class VersionDispatcher:
         hedging: HedgePolicy,
         pool: WorkerPool,
         fleet_metadata: tuple[tuple[str, str], ...],
-        on_batch: Callable[[Batch[PendingRequest], str, float, bool], None],
+        on_batch: Callable[[str, str, Batch[PendingRequest], str, float, bool], None],
         on_flush: Callable[[FlushReason, int], None],
         on_hedge: Callable[[str], None],
         on_busy: Callable[[], None],
@@ -506,13 +506,13 @@ class VersionDispatcher:
             self.batcher.complete(batch, latency)
             self._deliver(batch, lease, response, latency)
             flight.span.end()
-            self._on_batch(batch, lease.replica_id, latency, True)
+            self._on_batch(self.model, self.version, batch, lease.replica_id, latency, True)
         else:
             self._recover(batch, err, busy, now)
             flight.span.set_status(trace.StatusCode.ERROR, err.message if err else "failed")
             flight.span.end()
             if not busy:  # backpressure is not a failed batch; busy_retries counts it
-                self._on_batch(batch, lease.replica_id, latency, False)
+                self._on_batch(self.model, self.version, batch, lease.replica_id, latency, False)
         self.kick()
 
     def _deliver(
