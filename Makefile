@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
-POLICY := common gateway/batching gateway/routing gateway/admission
+TYPED := common gateway worker controller bench halcyon scripts
 
 .DEFAULT_GOAL := help
 
@@ -28,10 +28,10 @@ $(BUF):
 proto: $(STAMP) ## Regenerate the committed gRPC stubs from proto/
 	$(PY) scripts/genproto.py
 
-lint: $(STAMP) $(BUF) ## ruff (lint + format check), mypy --strict on policy code, buf lint
+lint: $(STAMP) $(BUF) ## ruff (lint + format check), mypy --strict on all code, buf lint
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy $(POLICY)
+	$(VENV)/bin/mypy $(TYPED)
 	$(BUF) lint
 
 fmt: $(STAMP) ## Format and autofix with ruff
