@@ -478,6 +478,9 @@ class VersionDispatcher:
         now = self._clock.now()
         latency = now - lease.dispatched_at
         busy = err is not None and err.reason == Reason.REPLICA_BUSY
+        # A hedge race already won (or lost) by another attempt: this one finished before its
+        # cancellation landed. Its replica's outcome still counts; the batch is already done.
+        late = flight.race.settled
         if response is not None:
             self.router.complete(lease, Outcome.SUCCESS, latency, now)
             self._hedging.record_latency(latency)
@@ -489,6 +492,8 @@ class VersionDispatcher:
         else:
             self.router.complete(lease, Outcome.FAULT, None, now)
             self._breakers_dirty = True
+        if late:
+            return
         result = flight.race.settle(lease, response is not None)
         if result.verdict is RaceVerdict.PENDING:
             return
