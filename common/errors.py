@@ -23,10 +23,12 @@ from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
-from google.protobuf import any_pb2, duration_pb2
+from google.protobuf import any_pb2
 from google.protobuf.message import DecodeError
 from google.rpc import error_details_pb2, status_pb2
 from grpc_status import rpc_status
+
+from common.durations import to_duration, to_seconds
 
 __all__ = [
     "DETAILS_KEY",
@@ -147,8 +149,7 @@ class RichError(Exception):
                 )
             )
         if self.retry_after_s is not None:
-            delay = duration_pb2.Duration()
-            delay.FromNanoseconds(round(self.retry_after_s * 1e9))
+            delay = to_duration(self.retry_after_s)
             details.append(error_details_pb2.RetryInfo(retry_delay=delay))
         if self.field_violations:
             details.append(
@@ -394,7 +395,7 @@ def _apply_details(result: RichError, status: status_pb2.Status) -> None:
         elif detail.Is(error_details_pb2.RetryInfo.DESCRIPTOR):
             retry = error_details_pb2.RetryInfo()
             detail.Unpack(retry)
-            result.retry_after_s = retry.retry_delay.ToNanoseconds() / 1e9
+            result.retry_after_s = to_seconds(retry.retry_delay)
         elif detail.Is(error_details_pb2.BadRequest.DESCRIPTOR):
             bad = error_details_pb2.BadRequest()
             detail.Unpack(bad)

@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from google.protobuf import duration_pb2, json_format, timestamp_pb2
+from google.protobuf import json_format, timestamp_pb2
 
 from common.clock import Clock
+from common.durations import to_duration
 from controller.outcomes import GatewayReport, VersionOutcomes
 from controller.registry import Member
 from controller.store import (
@@ -32,7 +33,6 @@ __all__ = [
     "WallClock",
     "arm_to_pb",
     "decision_to_pb",
-    "duration",
     "gateway_to_pb",
     "member_to_pb",
     "policy_from_pb",
@@ -76,12 +76,6 @@ def timestamp(wall_s: float) -> timestamp_pb2.Timestamp:
     ts = timestamp_pb2.Timestamp()
     ts.FromNanoseconds(round(wall_s * 1e9))
     return ts
-
-
-def duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
 
 
 def member_to_pb(member: Member, wall: WallClock) -> control_pb2.FleetMember:
@@ -136,8 +130,8 @@ def arm_to_pb(arm: ArmSnapshot) -> control_pb2.ArmMetrics:
         errors=arm.errors,
         shed=arm.shed,
         error_rate=arm.error_rate,
-        p50=duration(arm.p50_s),
-        p95=duration(arm.p95_s),
+        p50=to_duration(arm.p50_s),
+        p95=to_duration(arm.p95_s),
     )
 
 
@@ -170,7 +164,7 @@ def version_outcomes_to_pb(w: VersionOutcomes) -> control_pb2.VersionOutcomes:
             errors=w.error,
             shed=w.shed,
             error_rate=w.error_rate,
-            p50=duration(w.latency.quantile(0.50)) if answered else None,
-            p95=duration(w.latency.quantile(0.95)) if answered else None,
+            p50=to_duration(w.latency.quantile(0.50)) if answered else None,
+            p95=to_duration(w.latency.quantile(0.95)) if answered else None,
         ),
     )

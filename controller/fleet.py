@@ -24,8 +24,9 @@ from dataclasses import dataclass
 import grpc
 
 from common.clock import Clock
+from common.durations import to_duration
 from common.errors import Reason, RichError
-from controller.convert import WallClock, duration
+from controller.convert import WallClock
 from controller.event_writer import FleetEventWriter
 from controller.feed import ChangeFeed
 from controller.fleet_view import FleetView
@@ -193,8 +194,8 @@ class FleetManager:
             control_pb2.WorkerSessionResponse(
                 lease=control_pb2.Lease(
                     replica_id=member.replica_id,
-                    ttl=duration(self.registry.lease_ttl_s),
-                    heartbeat_interval=duration(self.heartbeat_interval_s),
+                    ttl=to_duration(self.registry.lease_ttl_s),
+                    heartbeat_interval=to_duration(self.heartbeat_interval_s),
                 )
             )
         )

@@ -24,9 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from google.protobuf import duration_pb2
-
 from common.clock import Clock
+from common.durations import to_seconds
 from common.histogram import LatencyHistogram
 from halcyon.v1 import control_pb2, fleet_pb2
 
@@ -116,10 +115,6 @@ class GatewayReport:
     reports: int
 
 
-def _duration_s(d: duration_pb2.Duration) -> float:
-    return float(d.seconds) + float(d.nanos) / 1e9
-
-
 def validate_report(report: control_pb2.ReportOutcomesRequest) -> None:
     """Raise :class:`InvalidReport` naming the first field that cannot be counted."""
     if not report.gateway_id.strip():
@@ -134,7 +129,7 @@ def validate_report(report: control_pb2.ReportOutcomesRequest) -> None:
             raise InvalidReport(
                 f"{path}.kind", f"must be OK, ERROR, SHED or LATE, got {outcome.kind}"
             )
-        latency = _duration_s(outcome.latency)
+        latency = to_seconds(outcome.latency)
         if not (math.isfinite(latency) and latency >= 0.0):
             raise InvalidReport(f"{path}.latency", f"must be >= 0, got {latency}")
     for i, batch in enumerate(report.batches):
@@ -225,7 +220,7 @@ class OutcomeAggregator:
             setattr(target, name, getattr(target, name) + 1)
             counted[name] += 1
             if outcome.kind in _ANSWERED:
-                target.latency.record(_duration_s(outcome.latency))
+                target.latency.record(to_seconds(outcome.latency))
         for batch in report.batches:
             target = cell(batch.model, batch.version)
             if target is None:

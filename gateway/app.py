@@ -24,11 +24,11 @@ import socket
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import duration_pb2
 from opentelemetry import trace
 
 from common.auth import bearer_metadata
 from common.clock import Clock, MonotonicClock
+from common.durations import to_duration
 from common.errors import (
     Reason,
     RichError,
@@ -92,12 +92,6 @@ _OK = control_pb2.REQUEST_OUTCOME_KIND_OK
 _ERROR = control_pb2.REQUEST_OUTCOME_KIND_ERROR
 _SHED = control_pb2.REQUEST_OUTCOME_KIND_SHED
 _LATE = control_pb2.REQUEST_OUTCOME_KIND_LATE
-
-
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(max(0, int(seconds * 1e9)))
-    return d
 
 
 @dataclass
@@ -506,7 +500,7 @@ class GatewayApp:
                     replica_id=replica_id,
                     size=len(batch.items),
                     tokens=batch.tokens,
-                    device_time=_duration(latency if ok else 0.0),
+                    device_time=to_duration(latency if ok else 0.0),
                     ok=ok,
                 )
             )
@@ -536,8 +530,8 @@ class GatewayApp:
                 models.append(
                     fleet_pb2.CostModel(
                         replica_id=rid,
-                        intercept=_duration(cost.intercept),
-                        per_token=_duration(cost.slope),
+                        intercept=to_duration(cost.intercept),
+                        per_token=to_duration(cost.slope),
                         samples=cost.observations,
                     )
                 )
@@ -594,9 +588,9 @@ def _response(
         replica_id=result.replica_id,
         hedged=result.hedged,
         timings=infer_pb2.Timings(
-            queued=_duration(result.dispatched_at - pending.received_at),
-            execution=_duration(result.execution_s),
-            total=_duration(total),
+            queued=to_duration(result.dispatched_at - pending.received_at),
+            execution=to_duration(result.execution_s),
+            total=to_duration(total),
         ),
         batch=infer_pb2.BatchInfo(
             size=result.batch_size,

@@ -19,10 +19,10 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 
 import grpc
-from google.protobuf import duration_pb2
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff
+from common.durations import to_duration
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 
 log = logging.getLogger("halcyon.gateway.controller_link")
@@ -36,14 +36,12 @@ OutcomeRecord = tuple[str, str, str, int, float]
 def _request_outcome(
     model: str, version: str, replica_id: str, kind: int, latency_s: float
 ) -> control_pb2.RequestOutcome:
-    latency = duration_pb2.Duration()
-    latency.FromNanoseconds(max(0, int(latency_s * 1e9)))
     return control_pb2.RequestOutcome(
         model=model,
         version=version,
         replica_id=replica_id,
         kind=kind,  # type: ignore[arg-type]
-        latency=latency,
+        latency=to_duration(latency_s),
     )
 
 

@@ -33,6 +33,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from common.clock import Clock
+from common.durations import to_seconds
 from common.errors import (
     Reason,
     RichError,
@@ -528,7 +529,7 @@ class VersionDispatcher:
         latency: float,
     ) -> None:
         results = {r.id: r for r in response.results}
-        device = response.device_time.ToNanoseconds() / 1e9 if response.device_time else latency
+        device = to_seconds(response.device_time) if response.device_time else latency
         flush = _FLUSH.get(batch.reason, infer_pb2.FLUSH_REASON_UNSPECIFIED)
         size = len(batch.items)
         for pending in batch.payloads:

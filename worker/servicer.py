@@ -14,10 +14,10 @@ import logging
 from collections.abc import Awaitable, Callable
 
 import grpc.aio
-from google.protobuf import duration_pb2
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from common.durations import to_duration, to_seconds
 from common.errors import abort, invalid_argument
 from common.tracing import extract_context
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
@@ -36,12 +36,6 @@ SERVICE_NAME = "halcyon.v1.WorkerService"
 DEFAULT_DRAIN_GRACE_S = 30.0
 
 
-def _duration(seconds: float) -> duration_pb2.Duration:
-    d = duration_pb2.Duration()
-    d.FromNanoseconds(round(seconds * 1e9))
-    return d
-
-
 def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatchResponse:
     return worker_pb2.ExecuteBatchResponse(
         replica_id=replica_id,
@@ -51,7 +45,7 @@ def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatch
             )
             for o in result.outputs
         ],
-        device_time=_duration(result.device_time_s),
+        device_time=to_duration(result.device_time_s),
         batch_tokens=result.batch_tokens,
     )
 
@@ -123,7 +117,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[misc
     ) -> worker_pb2.DrainResponse:
         grace = DEFAULT_DRAIN_GRACE_S
         if request.HasField("grace"):
-            grace = request.grace.ToNanoseconds() / 1e9
+            grace = to_seconds(request.grace)
             if grace < 0:
                 await abort(context, invalid_argument("grace", "must not be negative"))
         result = await self._drain(grace)

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.clock import ManualClock
-from controller.convert import duration
+from common.durations import to_duration as duration
 from controller.outcomes import InvalidReport, OutcomeAggregator
 from halcyon.v1 import control_pb2, fleet_pb2
 

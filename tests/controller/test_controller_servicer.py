@@ -15,10 +15,10 @@ import grpc.aio
 import pytest
 
 from common.auth import AuthPolicy, bearer_metadata
+from common.durations import to_duration as duration
 from common.errors import Reason, RichError, parse_rpc_error
 from common.serving import ServiceHost, ServingOptions
 from controller.app import Controller, ControllerConfig
-from controller.convert import duration
 from controller.servicer import AUTH_RULES
 from controller.store import DecisionAction, DecisionRecord, FleetEventKind, RolloutRecord
 from controller.store import RolloutStatus as StoreRolloutStatus
