@@ -95,21 +95,12 @@ class _SlotTable:
         self.inflight[attempt.replica_id] -= 1
 
 
-class RoundRobin:
-    name = "round-robin"
+class _Baseline:
+    """What the baselines share: slot accounting, no outcome learning, no hedging."""
 
     def __init__(self, specs: Sequence[ReplicaSpec]) -> None:
         self._table = _SlotTable(specs)
         self._cursor = 0
-
-    def pick(self, now: float, exclude: Collection[str]) -> Attempt | float:
-        ids = self._table.ids
-        for k in range(len(ids)):
-            i = (self._cursor + k) % len(ids)
-            if self._table.free(ids[i], exclude):
-                self._cursor = i + 1
-                return self._table.take(ids[i], now)
-        return math.inf
 
     def complete(self, attempt: Attempt, outcome: Outcome, latency_s: float, now: float) -> None:
         self._table.release(attempt)
@@ -123,12 +114,21 @@ class RoundRobin:
         return None
 
 
-class LeastOutstanding:
-    name = "least-outstanding"
+class RoundRobin(_Baseline):
+    name = "round-robin"
 
-    def __init__(self, specs: Sequence[ReplicaSpec]) -> None:
-        self._table = _SlotTable(specs)
-        self._cursor = 0
+    def pick(self, now: float, exclude: Collection[str]) -> Attempt | float:
+        ids = self._table.ids
+        for k in range(len(ids)):
+            i = (self._cursor + k) % len(ids)
+            if self._table.free(ids[i], exclude):
+                self._cursor = i + 1
+                return self._table.take(ids[i], now)
+        return math.inf
+
+
+class LeastOutstanding(_Baseline):
+    name = "least-outstanding"
 
     def pick(self, now: float, exclude: Collection[str]) -> Attempt | float:
         ids = self._table.ids
@@ -143,17 +143,6 @@ class LeastOutstanding:
             return math.inf
         self._cursor += 1
         return self._table.take(best, now)
-
-    def complete(self, attempt: Attempt, outcome: Outcome, latency_s: float, now: float) -> None:
-        self._table.release(attempt)
-
-    def hedge_delay(self, now: float) -> float | None:
-        return None
-
-    def try_hedge(
-        self, now: float, primary: Attempt, deadline: float, waiting: int
-    ) -> Attempt | None:
-        return None
 
 
 class HalcyonStrategy:

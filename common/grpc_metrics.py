@@ -328,6 +328,20 @@ class _ClientInterceptorBase:
         metrics.started.labels(*labels).inc()
         call.add_done_callback(done)
 
+    async def _timed(
+        self,
+        continuation: Any,
+        details: grpc.aio.ClientCallDetails,
+        request: Any,
+        kind: str,
+    ) -> Any:
+        """Start the call, and observe it when it ends (the four kinds differ only in ``kind``;
+        grpc.aio needs one interceptor class per kind)."""
+        start = time.perf_counter()
+        call = await continuation(details, request)
+        self._observe(call, _method_name(details), kind, start)
+        return call
+
 
 def _method_name(details: grpc.aio.ClientCallDetails) -> str:
     method = details.method
@@ -338,46 +352,28 @@ class _UnaryUnary(_ClientInterceptorBase, grpc.aio.UnaryUnaryClientInterceptor):
     async def intercept_unary_unary(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        start = time.perf_counter()
-        call = await continuation(client_call_details, request)
-        self._observe(call, _method_name(client_call_details), _UNARY, start)
-        return call
+        return await self._timed(continuation, client_call_details, request, _UNARY)
 
 
 class _UnaryStream(_ClientInterceptorBase, grpc.aio.UnaryStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_unary_stream(
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, request: Any
     ) -> Any:
-        start = time.perf_counter()
-        call = await continuation(client_call_details, request)
-        self._observe(call, _method_name(client_call_details), _SERVER_STREAM, start)
-        return call
+        return await self._timed(continuation, client_call_details, request, _SERVER_STREAM)
 
 
 class _StreamUnary(_ClientInterceptorBase, grpc.aio.StreamUnaryClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_unary(
-        self,
-        continuation: Any,
-        client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: Any,
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, requests: Any
     ) -> Any:
-        start = time.perf_counter()
-        call = await continuation(client_call_details, request_iterator)
-        self._observe(call, _method_name(client_call_details), _CLIENT_STREAM, start)
-        return call
+        return await self._timed(continuation, client_call_details, requests, _CLIENT_STREAM)
 
 
 class _StreamStream(_ClientInterceptorBase, grpc.aio.StreamStreamClientInterceptor):  # type: ignore[misc]
     async def intercept_stream_stream(
-        self,
-        continuation: Any,
-        client_call_details: grpc.aio.ClientCallDetails,
-        request_iterator: Any,
+        self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, requests: Any
     ) -> Any:
-        start = time.perf_counter()
-        call = await continuation(client_call_details, request_iterator)
-        self._observe(call, _method_name(client_call_details), _BIDI_STREAM, start)
-        return call
+        return await self._timed(continuation, client_call_details, requests, _BIDI_STREAM)
 
 
 class ClientMetricsInterceptors:
