@@ -36,13 +36,8 @@ def _check_finite(name: str, value: float) -> float:
     return float(value)
 
 
-class DecayingEwma:
-    """An exponentially weighted moving average whose memory is measured in seconds.
-
-    On each sample the old estimate keeps weight ``exp(-dt / tau_s)`` and the sample gets the
-    rest. The first sample replaces the prior outright. Between samples the estimate does not
-    change: it summarises the samples seen, and idleness is not evidence.
-    """
+class _TimeWeighted:
+    """What both averages share: a memory ``tau_s`` in seconds, a prior, the last sample time."""
 
     __slots__ = ("_estimate", "_last_at", "_prior", "_tau_s")
 
@@ -60,6 +55,17 @@ class DecayingEwma:
     def last_sample_at(self) -> float | None:
         """The time of the latest sample (the latest ``now`` seen), or None before any."""
         return self._last_at
+
+
+class DecayingEwma(_TimeWeighted):
+    """An exponentially weighted moving average whose memory is measured in seconds.
+
+    On each sample the old estimate keeps weight ``exp(-dt / tau_s)`` and the sample gets the
+    rest. The first sample replaces the prior outright. Between samples the estimate does not
+    change: it summarises the samples seen, and idleness is not evidence.
+    """
+
+    __slots__ = ()
 
     def observe(self, value: float, now: float) -> None:
         value = _check_finite("value", value)
@@ -82,7 +88,7 @@ class DecayingEwma:
         return self._estimate
 
 
-class PeakEwma:
+class PeakEwma(_TimeWeighted):
     """Peak-sensitive latency estimate for load balancing (the "tower"/Finagle peak EWMA).
 
     * A sample above the current estimate replaces it at once: a replica that just got slow
@@ -100,26 +106,11 @@ class PeakEwma:
     their range, and a steady stream of one value converges to that value.
     """
 
-    __slots__ = ("_estimate", "_last_at", "_prior", "_tau_s")
-
-    def __init__(self, tau_s: float, prior: float) -> None:
-        self._tau_s = _check_tau(tau_s)
-        self._prior = _check_finite("prior", prior)
-        self._estimate = self._prior
-        self._last_at: float | None = None
-
-    @property
-    def tau_s(self) -> float:
-        return self._tau_s
+    __slots__ = ()
 
     @property
     def prior(self) -> float:
         return self._prior
-
-    @property
-    def last_sample_at(self) -> float | None:
-        """The time of the latest sample (the latest ``now`` seen), or None before any."""
-        return self._last_at
 
     def set_prior(self, prior: float) -> None:
         """Change what an idle estimate relaxes toward (e.g. a fleet-wide latency figure).
