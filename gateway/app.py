@@ -505,7 +505,7 @@ class GatewayApp:
                 )
             )
 
-    def _on_flush(self, reason: FlushReason, size: int) -> None:
+    def _on_flush(self, reason: FlushReason) -> None:
         self.metrics.flushes[reason.value].inc()
 
     def _on_hedge(self, result: str) -> None:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -175,7 +174,7 @@ class VersionDispatcher:
         pool: WorkerPool,
         fleet_metadata: tuple[tuple[str, str], ...],
         on_batch: Callable[[str, str, Batch[PendingRequest], str, float, bool], None],
-        on_flush: Callable[[FlushReason, int], None],
+        on_flush: Callable[[FlushReason], None],
         on_hedge: Callable[[str], None],
         on_busy: Callable[[], None],
     ) -> None:
@@ -200,7 +199,6 @@ class VersionDispatcher:
         self._busy_until: dict[str, float] = {}
         # How many queued retries avoid each replica (see PendingRequest.avoid).
         self._avoid: dict[str, int] = {}
-        self._batch_ids = itertools.count(1)
         self.replicas: dict[str, str] = {}  # replica id -> address
         self._slots: dict[str, int] = {}
         self._draining: set[str] = set()
@@ -411,7 +409,7 @@ class VersionDispatcher:
         flight = _Flight(batch, HedgeRace(lease), span)
         self._flights[batch.batch_id] = flight
         self._hedging.record_dispatch()
-        self._on_flush(batch.reason, len(batch.items))
+        self._on_flush(batch.reason)
         self._call(flight, lease)
         delay = self._hedging.hedge_delay(now)
         if delay is not None:

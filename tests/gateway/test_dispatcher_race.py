@@ -33,7 +33,7 @@ async def test_a_late_success_after_the_race_is_won_changes_nothing() -> None:
         pool=WorkerPool(),
         fleet_metadata=(),
         on_batch=lambda _m, _v, _b, replica, _lat, ok: batches.append((replica, ok)),
-        on_flush=lambda _reason, _size: None,
+        on_flush=lambda _reason: None,
         on_hedge=lambda _result: None,
         on_busy=lambda: None,
     )
