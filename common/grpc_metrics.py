@@ -35,6 +35,7 @@ __all__ = [
     "GrpcClientMetrics",
     "GrpcServerMetrics",
     "ServerMetricsInterceptor",
+    "UnaryClientRecorder",
     "code_name",
     "split_method",
 ]
@@ -374,6 +375,41 @@ class _StreamStream(_ClientInterceptorBase, grpc.aio.StreamStreamClientIntercept
         self, continuation: Any, client_call_details: grpc.aio.ClientCallDetails, requests: Any
     ) -> Any:
         return await self._timed(continuation, client_call_details, requests, _BIDI_STREAM)
+
+
+class UnaryClientRecorder:
+    """``grpc_client_*`` for one unary method, recorded by the caller itself.
+
+    For a hot call whose caller already sees its end (the gateway's ExecuteBatch): an aio
+    client interceptor costs three extra tasks per call. Same families and labels as the
+    interceptors.
+    """
+
+    def __init__(self, metrics: GrpcClientMetrics, method: str) -> None:
+        service, name = split_method(method)
+        self._labels = (service, name, _UNARY)
+        self._metrics = metrics
+        self._started = metrics.started.labels(*self._labels)
+        self._sent = metrics.sent.labels(*self._labels)
+        self._received = metrics.received.labels(*self._labels)
+        self._seconds = metrics.seconds.labels(*self._labels)
+        self._handled: dict[grpc.StatusCode, Any] = {}
+
+    def start(self) -> float:
+        """Count a call started now; returns its start time for :meth:`finish`."""
+        self._started.inc()
+        return time.perf_counter()
+
+    def finish(self, start: float, code: grpc.StatusCode) -> None:
+        handled = self._handled.get(code)
+        if handled is None:
+            handled = self._metrics.handled.labels(*self._labels, code_name(code))
+            self._handled[code] = handled
+        handled.inc()
+        self._seconds.observe(time.perf_counter() - start)
+        self._sent.inc()
+        if code == grpc.StatusCode.OK:
+            self._received.inc()
 
 
 class ClientMetricsInterceptors:

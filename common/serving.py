@@ -50,8 +50,10 @@ from prometheus_client import (
 )
 
 from common.auth import AuthInterceptor, AuthPolicy
+from common.buffered_metrics import ScrapeHooks
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService
+from common.raw_unary import RawUnaryEndpoint
 
 __all__ = [
     "LIVENESS",
@@ -169,6 +171,19 @@ class _MetricsHttpServer:
         self._httpd.server_close()
 
 
+class _GenericOnly:
+    """What a generated ``add_*Servicer_to_server`` sees: it may add generic handlers only."""
+
+    def __init__(self, server: grpc.aio.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(handlers)
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        pass  # the generic handlers added alongside serve the same methods
+
+
 class ServiceHost:
     """One grpc.aio server with health (liveness + readiness names), reflection, Prometheus
     grpc_server_* metrics, auth, structured logs and graceful shutdown.
@@ -188,11 +203,16 @@ class ServiceHost:
         self.name = name
         self.options = options
         self.registry = CollectorRegistry()
+        # First in the registry: buffered hot-path counters are handed over before any family
+        # they feed is read.
+        self.scrape_hooks = ScrapeHooks()
+        self.registry.register(self.scrape_hooks)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.grpc_metrics = GrpcServerMetrics(self.registry)
         interceptors: list[Any] = [ServerMetricsInterceptor(self.grpc_metrics)]
+        self._auth = auth
         if auth is not None:
             interceptors.append(AuthInterceptor(auth))
         self.server: grpc.aio.Server = grpc.aio.server(
@@ -201,6 +221,7 @@ class ServiceHost:
         self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._services: list[str] = []
+        self._raw_endpoints: list[RawUnaryEndpoint] = []
         self._metrics_http: _MetricsHttpServer | None = None
         self._shutdown = asyncio.Event()
         self._started = False
@@ -216,11 +237,27 @@ class ServiceHost:
         servicer: Any,
         service_full_name: str,
     ) -> None:
-        """Register a servicer, e.g. ``add_WorkerServiceServicer_to_server``; before start()."""
+        """Register a servicer, e.g. ``add_WorkerServiceServicer_to_server``; before start().
+
+        Its methods are registered as generic handlers only: the core hands a method to a
+        generic handler only when no completion-queue endpoint (:meth:`add_raw_unary`) took
+        it, which the aio server's own registered methods would pre-empt.
+        """
         if self._started:
             raise RuntimeError("add_service must be called before start()")
-        register(servicer, self.server)
+        register(servicer, _GenericOnly(self.server))
         self._services.append(service_full_name)
+
+    def add_raw_unary(self, endpoint: RawUnaryEndpoint) -> None:
+        """Serve one unary method off its own completion queue (``common.raw_unary``); before
+        start(). Register an ordinary handler for the method too: it serves the method if the
+        endpoint cannot attach."""
+        if self._started:
+            raise RuntimeError("add_raw_unary must be called before start()")
+        if self._auth is not None:
+            endpoint.authorize = self._auth.check
+        self._raw_endpoints.append(endpoint)
+        self.scrape_hooks.add(endpoint.flush_metrics)
 
     async def start(self) -> None:
         """Bind and start; afterwards the addresses are set and the ready file is written."""
@@ -248,7 +285,12 @@ class ServiceHost:
             raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}")
         self.grpc_port = port
         self.grpc_address = format_hostport(host, port)
+        for endpoint in self._raw_endpoints:
+            endpoint.attach(self.server)
         await self.server.start()
+        loop = asyncio.get_running_loop()
+        for endpoint in self._raw_endpoints:
+            endpoint.start(loop)
 
         if self.options.metrics_listen:
             try:
@@ -297,7 +339,11 @@ class ServiceHost:
         self._stopped = True
         self.health.shutdown()
         grace = self.options.grace_s if grace_s is None else grace_s
+        for endpoint in self._raw_endpoints:
+            endpoint.stop_accepting()
         await self.server.stop(grace)
+        for endpoint in self._raw_endpoints:
+            await endpoint.close()
         if self._metrics_http is not None:
             await asyncio.to_thread(self._metrics_http.close)
             self._metrics_http = None

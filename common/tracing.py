@@ -23,11 +23,25 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 
-__all__ = ["OTLP_ENDPOINT_ENV", "configure_tracing", "extract_context", "inject_metadata"]
+__all__ = [
+    "OTLP_ENDPOINT_ENV",
+    "configure_tracing",
+    "extract_context",
+    "inject_metadata",
+    "spans_recorded",
+]
 
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SAMPLER_ENV = "OTEL_TRACES_SAMPLER"
 _log = logging.getLogger("halcyon.tracing")
+_spans_recorded = True
+
+
+def spans_recorded() -> bool:
+    """False when :func:`configure_tracing` chose to record nothing (no exporter configured):
+    hot paths may then skip per-request spans altogether instead of making non-recording ones.
+    """
+    return _spans_recorded
 
 
 def configure_tracing(service: str) -> TracerProvider:
@@ -41,10 +55,13 @@ def configure_tracing(service: str) -> TracerProvider:
     endpoint = os.environ.get(OTLP_ENDPOINT_ENV)
     sampler = None
     if not endpoint and not os.environ.get(SAMPLER_ENV):
-        # Nothing would export the spans: don't record them. Trace context still flows (ids
-        # are generated and propagated as W3C traceparent), so logs and downstream services
-        # stay correlated, and the request path does not pay for spans nobody reads.
+        # Nothing would export the spans: don't record them, and let the hot paths (the
+        # gateway's request and batch spans) skip making them at all (spans_recorded()):
+        # the request path does not pay for spans nobody reads. An incoming sampled
+        # traceparent is still honoured by the servers' own spans (ParentBased).
         sampler = ParentBased(ALWAYS_OFF)
+    global _spans_recorded
+    _spans_recorded = sampler is None
     provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}), sampler=sampler)
     if endpoint:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter

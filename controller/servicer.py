@@ -55,7 +55,7 @@ MAX_DECISIONS = 10_000
 DEFAULT_DECISIONS = 100
 
 
-class ControlService(control_pb2_grpc.ControlServiceServicer):  # type: ignore[misc]
+class ControlService(control_pb2_grpc.ControlServiceServicer):
     """The controller's RPCs."""
 
     def __init__(

@@ -21,9 +21,11 @@ import logging
 import math
 import os
 import socket
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
+from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
 from common.auth import bearer_metadata
@@ -33,17 +35,21 @@ from common.errors import (
     Reason,
     RichError,
     abort,
+    invalid_argument,
     not_found_model,
     quota_exceeded,
     unauthenticated,
     unavailable,
 )
-from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics
+from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, UnaryClientRecorder
+from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions, TlsOptions
+from common.tracing import spans_recorded
 from gateway.admission import (
     AdmissionController,
     AdmissionOutcome,
+    AdmissionTicket,
     GradientLimiter,
     GradientLimiterConfig,
     Priority,
@@ -55,6 +61,7 @@ from gateway.admission import (
 )
 from gateway.admission.quota import QuotaExceeded
 from gateway.admission.shedder import Overloaded
+from gateway.answer_guard import AnswerGuard
 from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason, Objective
 from gateway.controller_link import ControllerLink
 from gateway.dispatcher import InferResult, PendingRequest, VersionDispatcher
@@ -68,6 +75,8 @@ from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
 log = logging.getLogger("halcyon.gateway")
 
 SERVICE_NAME = "halcyon.v1.InferService"
+INFER_METHOD = f"/{SERVICE_NAME}/Infer"
+EXECUTE_BATCH_METHOD = "/halcyon.v1.WorkerService/ExecuteBatch"
 # How long past its deadline the gateway waits for an answer before giving up on it itself.
 # The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
 ANSWER_GRACE_S = 0.25
@@ -114,17 +123,23 @@ class GatewayConfig:
     controller_tls: TlsOptions | None = None
     worker_tls: TlsOptions | None = None
     # Batching raises latency with concurrency by design (bigger batches), so the limiter
-    # tolerates a doubling before it reads a queue (Gradient2's default), and never cuts below
-    # what one batch per replica slot needs; the batcher sheds infeasible work itself.
+    # tolerates a doubling before it reads a queue (Gradient2's default) plus 25 ms (on a fast
+    # fleet a doubling is a few milliseconds, no overload next to deadlines in seconds), and
+    # never cuts below what one batch per replica slot needs; the batcher sheds infeasible
+    # work itself.
     limiter: GradientLimiterConfig = field(
         default_factory=lambda: GradientLimiterConfig(
-            initial_limit=128.0, min_limit=32.0, tolerance=2.0
+            initial_limit=128.0, min_limit=32.0, tolerance=2.0, queue_slack_s=0.025
         )
     )
 
 
 class InferServicer(infer_pb2_grpc.InferServiceServicer):
-    """Thin adapter: protobuf in, :meth:`GatewayApp.infer` , protobuf or a rich status out."""
+    """Thin aio adapter: protobuf in, :class:`GatewayApp` decisions, protobuf or a rich status out.
+
+    Serves Infer only where the completion-queue endpoint (:class:`RawInferAdapter`) could not
+    attach; both adapters share every decision and every answer.
+    """
 
     def __init__(self, app: GatewayApp) -> None:
         self._app = app
@@ -132,23 +147,89 @@ class InferServicer(infer_pb2_grpc.InferServiceServicer):
     async def Infer(
         self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> infer_pb2.InferResponse:
+        app = self._app
         try:
-            return await self._app.infer(request, context)
+            admitted = app.admit(request, context.invocation_metadata(), context.time_remaining())
         except RichError as err:
-            # The one place a gateway rejection becomes a status (with rich details).
             await abort(context, err)
-        except (asyncio.CancelledError, grpc.aio.AbortError):
-            raise
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            log.exception("Infer failed before admission")
-            await abort(
-                context,
-                RichError(
-                    grpc.StatusCode.INTERNAL,
-                    f"internal error in the gateway ({type(exc).__name__})",
-                    reason=Reason.INTERNAL,
-                ),
-            )
+            await abort(context, internal_error("Infer failed before admission", exc))
+        try:
+            await admitted.pending.future
+        except asyncio.CancelledError:
+            # The client went away (or its gRPC deadline passed): free everything, no sample.
+            app.settle_cancelled(admitted)
+            raise
+        except Exception:  # settled below from the future
+            pass
+        answer = app.settle(admitted)
+        if isinstance(answer, RichError):
+            await abort(context, answer)
+        return answer
+
+
+class RawInferAdapter:
+    """Thin completion-queue adapter: the same decisions as :class:`InferServicer`, without
+    grpc.aio's per-call tasks (``common.raw_unary``; ADR 0006)."""
+
+    def __init__(self, app: GatewayApp) -> None:
+        self._app = app
+        self._parse = infer_pb2.InferRequest.FromString
+
+    def __call__(self, call: RawCall) -> None:
+        app = self._app
+        try:
+            request = self._parse(call.request)
+        except DecodeError:
+            _fail(call, invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
+            return
+        try:
+            admitted = app.admit(request, call.metadata, call.time_remaining())
+        except RichError as err:
+            _fail(call, err)
+            return
+        except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
+            _fail(call, internal_error("Infer failed before admission", exc))
+            return
+        future = admitted.pending.future
+        # Cancelling the future takes the request out of its batch and settles it below.
+        call.on_cancel = future.cancel
+
+        def answer(_: object) -> None:
+            if future.cancelled():
+                app.settle_cancelled(admitted)
+                return
+            outcome = app.settle(admitted)
+            if isinstance(outcome, RichError):
+                _fail(call, outcome)
+            else:
+                call.reply(outcome.SerializeToString())
+
+        future.add_done_callback(answer)
+
+
+def _fail(call: RawCall, err: RichError) -> None:
+    call.fail(err.code, err.message, err.trailing_metadata())
+
+
+def internal_error(what: str, exc: BaseException) -> RichError:
+    """A bug, not a verdict: INTERNAL with a reason instead of UNKNOWN."""
+    log.error(what, exc_info=exc)
+    return RichError(
+        grpc.StatusCode.INTERNAL,
+        f"internal error in the gateway ({type(exc).__name__})",
+        reason=Reason.INTERNAL,
+    )
+
+
+@dataclass(slots=True, eq=False)
+class Admitted:
+    """A request past admission and queued in a dispatcher: what settling its answer needs."""
+
+    pending: PendingRequest
+    ticket: AdmissionTicket
+    version: str
+    span: trace.Span
 
 
 class GatewayApp:
@@ -158,7 +239,7 @@ class GatewayApp:
         self.config = config
         self.clock = clock or MonotonicClock()
         self.host = ServiceHost("gateway", config.serving, auth=None)
-        self.metrics = GatewayMetrics(self.host.registry)
+        self.metrics = GatewayMetrics(self.host.registry, self.host.scrape_hooks)
         self.metrics.watch_replicas(self._replica_samples)
         self.tenants = config.tenants
         self.admission = AdmissionController(
@@ -168,13 +249,13 @@ class GatewayApp:
         )
         self.fleet = FleetState()
         self.dispatchers: dict[tuple[str, str], VersionDispatcher] = {}
-        # grpc_client_* metrics for the gateway's calls to workers and the controller.
-        self._client_interceptors = ClientMetricsInterceptors(
-            GrpcClientMetrics(self.host.registry)
-        ).all()
+        # grpc_client_* metrics for the gateway's calls to the controller (interceptors) and
+        # to workers (recorded by the dispatchers: ExecuteBatch is on the hot path).
+        client_metrics = GrpcClientMetrics(self.host.registry)
+        self._client_interceptors = ClientMetricsInterceptors(client_metrics).all()
+        self._execute_metrics = UnaryClientRecorder(client_metrics, EXECUTE_BATCH_METHOD)
         self.pool = WorkerPool(
-            config.worker_tls.channel_credentials() if config.worker_tls else None,
-            self._client_interceptors,
+            config.worker_tls.channel_credentials() if config.worker_tls else None
         )
         self.link: ControllerLink | None = None
         self._controller_channel: grpc.aio.Channel | None = None
@@ -184,9 +265,15 @@ class GatewayApp:
         self._seeds = itertools.count(config.seed)
         self._closing = False
         self._inflight = 0
+        self._guard: AnswerGuard[PendingRequest] | None = None
         self._tracer = trace.get_tracer("halcyon.gateway")
+        # Infer is served off its own completion queue (ADR 0006); the aio servicer serves it
+        # only if that endpoint cannot attach (see ServiceHost.add_service).
         self.host.add_service(
             infer_pb2_grpc.add_InferServiceServicer_to_server, InferServicer(self), SERVICE_NAME
+        )
+        self.host.add_raw_unary(
+            RawUnaryEndpoint(INFER_METHOD, RawInferAdapter(self), self.host.grpc_metrics)
         )
 
     # -- lifecycle ------------------------------------------------------------------------------
@@ -222,8 +309,10 @@ class GatewayApp:
             extra={"grpc": self.host.grpc_address, "controller": cfg.controller or ""},
         )
 
-    async def run_until_signal(self) -> None:
+    async def run_until_signal(self, after_start: Callable[[], None] | None = None) -> None:
         await self.start()
+        if after_start is not None:
+            after_start()
         await self.host.serve_until_signal(self.shutdown)
 
     async def shutdown(self, grace_s: float | None = None) -> None:
@@ -276,6 +365,7 @@ class GatewayApp:
                 router=PeakEwmaRouter(SeededRng(next(self._seeds))),
                 hedging=HedgePolicy(self.clock),
                 pool=self.pool,
+                call_metrics=self._execute_metrics,
                 fleet_metadata=self._fleet_md,
                 on_batch=self._on_batch,
                 on_flush=self._on_flush,
@@ -314,9 +404,9 @@ class GatewayApp:
 
     # -- the Infer path --------------------------------------------------------------------------
 
-    def _authenticate(self, context: grpc.aio.ServicerContext) -> TenantConfig:
+    def _authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> TenantConfig:
         key: str | None = None
-        for item in context.invocation_metadata() or ():
+        for item in metadata or ():
             name = item[0]
             if name == "x-api-key":
                 key = str(item[1])
@@ -336,15 +426,24 @@ class GatewayApp:
             raise unauthenticated("unknown API key", Reason.INVALID_CREDENTIALS)
         return tenant
 
-    async def infer(
-        self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
-    ) -> infer_pb2.InferResponse:
+    def admit(
+        self,
+        request: infer_pb2.InferRequest,
+        metadata: Iterable[tuple[str, str | bytes]] | None,
+        time_remaining_s: float | None,
+    ) -> Admitted:
+        """Authenticate, validate, pick the version, admit, and queue the request.
+
+        Raises the typed rejection (already counted) when the request goes no further; else
+        the request's future is answered by its dispatcher, or by the answer guard if a bug
+        or a lost worker reply leaves it unanswered past its deadline.
+        """
         metrics = self.metrics
         try:
             if self._closing:
                 raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
-            tenant = self._authenticate(context)
-            valid = validate(request, context.time_remaining(), self.config.default_timeout_s)
+            tenant = self._authenticate(metadata)
+            valid = validate(request, time_remaining_s, self.config.default_timeout_s)
         except RichError as err:
             metrics.requests[_outcome_label(err)].inc()
             raise
@@ -396,72 +495,74 @@ class GatewayApp:
             self._finish_unadmitted(valid.model, version, overloaded)
             raise overloaded
 
-        span = self._tracer.start_span("Infer", attributes={"halcyon.model": valid.model})
+        if spans_recorded():
+            span = self._tracer.start_span("Infer", attributes={"halcyon.model": valid.model})
+            span_context: trace.SpanContext | None = span.get_span_context()
+        else:
+            span, span_context = trace.INVALID_SPAN, None
+        loop = asyncio.get_running_loop()
         pending = PendingRequest(
             request_id=request_id,
             valid=valid,
             received_at=now,
             deadline=now + valid.timeout_s,
-            future=asyncio.get_running_loop().create_future(),
-            span_context=span.get_span_context(),
+            future=loop.create_future(),
+            span_context=span_context,
         )
+        if self._guard is None:
+            self._guard = AnswerGuard(loop, _expire)
+        self._guard.watch(pending, valid.timeout_s + ANSWER_GRACE_S)
         self._inflight += 1
-        outcome = AdmissionOutcome.FAILED
         try:
-            try:
-                dispatcher.submit(pending)
-                async with asyncio.timeout(valid.timeout_s + ANSWER_GRACE_S):
-                    result = await pending.future
-            except TimeoutError:
-                raise RichError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    "no answer before the deadline",
-                    reason=Reason.DEADLINE_MISSED,
-                ) from None
-            except (RichError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                # A bug, not a verdict: answer INTERNAL with a reason instead of UNKNOWN, and
-                # still release the admission ticket below.
-                log.exception("Infer failed unexpectedly", extra={"request_id": request_id})
-                raise RichError(
-                    grpc.StatusCode.INTERNAL,
-                    f"internal error in the gateway ({type(exc).__name__})",
-                    reason=Reason.INTERNAL,
-                ) from exc
-            outcome = AdmissionOutcome.SUCCESS
-        except RichError as err:
+            dispatcher.submit(pending)
+        except RichError as err:  # refused by the batcher: settled like any other answer
+            pending.reject(err)
+        except Exception as exc:
+            pending.reject(internal_error("Infer failed unexpectedly", exc))
+        return Admitted(pending, ticket, version, span)
+
+    def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
+        """Account for an answered request; its response, or the typed error to send."""
+        pending = admitted.pending
+        self._inflight -= 1
+        valid = pending.valid
+        now = pending.received_at
+        exc = pending.future.exception()
+        if exc is not None:
+            err = exc if isinstance(exc, RichError) else internal_error("Infer failed", exc)
             outcome = (
                 AdmissionOutcome.SHED if err.reason in _SHED_REASONS else AdmissionOutcome.FAILED
             )
             done = self.clock.now()
-            self.admission.finish(ticket, outcome, None, done)
+            self.admission.finish(admitted.ticket, outcome, None, done)
             kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
-            self._report(valid.model, version, "", kind, done - now)
+            self._report(valid.model, admitted.version, "", kind, done - now)
             label = _outcome_label(err)
-            metrics.requests[label].inc()
+            self.metrics.requests[label].inc()
             if label in SHED_REASONS:
-                metrics.shed[label].inc()
-            span.set_status(trace.StatusCode.ERROR, err.message)
-            span.end()
-            raise
-        except asyncio.CancelledError:
-            # The client went away (or its gRPC deadline passed): free everything, no sample.
-            self.admission.finish(ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
-            metrics.requests["cancelled"].inc()
-            span.end()
-            raise
-        finally:
-            self._inflight -= 1
+                self.metrics.shed[label].inc()
+            admitted.span.set_status(trace.StatusCode.ERROR, err.message)
+            admitted.span.end()
+            return err
+        result = pending.future.result()
         done = self.clock.now()
         total = done - now
-        self.admission.finish(ticket, outcome, total, done)
+        self.admission.finish(admitted.ticket, AdmissionOutcome.SUCCESS, total, done)
         late = done > pending.deadline
-        self._report(valid.model, version, result.replica_id, _LATE if late else _OK, total)
-        metrics.requests["ok"].inc()
-        metrics.latency.observe(total)
-        span.end()
-        return _response(pending, version, result, total)
+        self._report(
+            valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
+        )
+        self.metrics.requests["ok"].inc()
+        self.metrics.latency.observe(total)
+        admitted.span.end()
+        return _response(pending, admitted.version, result, total)
+
+    def settle_cancelled(self, admitted: Admitted) -> None:
+        """The client went away (or its gRPC deadline passed): free everything, no sample."""
+        self._inflight -= 1
+        self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
+        self.metrics.requests["cancelled"].inc()
+        admitted.span.end()
 
     def _fleet_retry_hint(self) -> float | None:
         """When the fleet view can next change: None without a controller (it never will)."""
@@ -559,6 +660,16 @@ class GatewayApp:
         return samples
 
 
+def _expire(pending: PendingRequest) -> None:
+    pending.reject(
+        RichError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            "no answer before the deadline",
+            reason=Reason.DEADLINE_MISSED,
+        )
+    )
+
+
 def _outcome_label(err: RichError) -> str:
     if err.reason == "OVERLOADED" and err.metadata.get("shed") == "goodput":
         return "shed_for_goodput"
@@ -581,26 +692,25 @@ def _response(
     pending: PendingRequest, version: str, result: InferResult, total: float
 ) -> infer_pb2.InferResponse:
     v = pending.valid
-    return infer_pb2.InferResponse(
+    response = infer_pb2.InferResponse(
         output=result.output,
         model=v.model,
         version=version,
         replica_id=result.replica_id,
         hedged=result.hedged,
-        timings=infer_pb2.Timings(
-            queued=to_duration(result.dispatched_at - pending.received_at),
-            execution=to_duration(result.execution_s),
-            total=to_duration(total),
-        ),
-        batch=infer_pb2.BatchInfo(
-            size=result.batch_size,
-            flush_reason=result.flush_reason,  # type: ignore[arg-type]
-            tokens=result.batch_tokens,
-        ),
-        usage=infer_pb2.Usage(
-            input_tokens=v.input_tokens,
-            output_tokens=result.output_tokens,
-            total_tokens=v.input_tokens + result.output_tokens,
-        ),
         request_id=pending.request_id,
     )
+    # Sub-messages filled in place: about half the cost of building and copying them in.
+    timings = response.timings
+    timings.queued.FromNanoseconds(round((result.dispatched_at - pending.received_at) * 1e9))
+    timings.execution.FromNanoseconds(round(result.execution_s * 1e9))
+    timings.total.FromNanoseconds(round(total * 1e9))
+    batch = response.batch
+    batch.size = result.batch_size
+    batch.flush_reason = result.flush_reason  # type: ignore[assignment]
+    batch.tokens = result.batch_tokens
+    usage = response.usage
+    usage.input_tokens = v.input_tokens
+    usage.output_tokens = result.output_tokens
+    usage.total_tokens = v.input_tokens + result.output_tokens
+    return response

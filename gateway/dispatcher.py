@@ -22,7 +22,6 @@ Outcome handling follows the design's distinctions:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -41,7 +40,8 @@ from common.errors import (
     parse_rpc_error,
     unavailable,
 )
-from common.tracing import inject_metadata
+from common.grpc_metrics import UnaryClientRecorder
+from common.tracing import inject_metadata, spans_recorded
 from gateway.batching import (
     Batch,
     DeadlineBatcher,
@@ -111,6 +111,10 @@ class PendingRequest:
     # Replicas this request's batch already failed on: its retry goes elsewhere if it can.
     avoid: frozenset[str] = frozenset()
 
+    @property
+    def answered(self) -> bool:
+        return self.future.done()
+
     def answer(self, result: InferResult) -> None:
         if not self.future.done():
             self.future.set_result(result)
@@ -148,6 +152,17 @@ def rejection_error(rejected: Rejected | Dropped[PendingRequest], now: float) ->
     return unavailable(Reason.NO_CAPACITY, "no replica can take this version now", retry)
 
 
+def _call_code(task: asyncio.Task[worker_pb2.ExecuteBatchResponse]) -> grpc.StatusCode:
+    if task.cancelled():
+        return grpc.StatusCode.CANCELLED
+    err = task.exception()
+    if err is None:
+        return grpc.StatusCode.OK
+    if isinstance(err, grpc.aio.AioRpcError):
+        return err.code()
+    return grpc.StatusCode.UNKNOWN
+
+
 @dataclass(slots=True, eq=False)
 class _Flight:
     """One batch on the wire: its race, its RPC tasks and how it is going."""
@@ -173,6 +188,7 @@ class VersionDispatcher:
         hedging: HedgePolicy,
         pool: WorkerPool,
         fleet_metadata: tuple[tuple[str, str], ...],
+        call_metrics: UnaryClientRecorder | None = None,
         on_batch: Callable[[str, str, Batch[PendingRequest], str, float, bool], None],
         on_flush: Callable[[FlushReason], None],
         on_hedge: Callable[[str], None],
@@ -185,16 +201,18 @@ class VersionDispatcher:
         self.router = router
         self._hedging = hedging
         self._pool = pool
+        self._call_metrics = call_metrics
         self._fleet_md = fleet_metadata
         self._on_batch = on_batch
         self._on_flush = on_flush
         self._on_hedge = on_hedge
         self._on_busy = on_busy
         self._tracer = trace.get_tracer("halcyon.gateway")
-        self._wake = asyncio.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._step_handle: asyncio.Handle | None = None
+        self._stopped = False
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
-        self._task: asyncio.Task[None] | None = None
         self._flights: dict[int, _Flight] = {}
         self._busy_until: dict[str, float] = {}
         # How many queued retries avoid each replica (see PendingRequest.avoid).
@@ -271,31 +289,33 @@ class VersionDispatcher:
 
     def kick(self) -> None:
         """Something changed: take the next scheduling step soon (coalesced per loop turn)."""
-        self._wake.set()
+        if self._step_handle is None and not self._stopped and self._loop is not None:
+            # A plain callback rather than a task woken by an event: one loop turn less per
+            # wake-up, on the path of every request at light load.
+            self._step_handle = self._loop.call_soon(self._run_step)
 
     # -- the scheduling loop ----------------------------------------------------------------
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name=f"dispatch-{self.model}-{self.version}")
+        self._loop = asyncio.get_running_loop()
+        self.kick()
 
-    async def _run(self) -> None:
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                self._step()
-            except Exception:
-                # A bug must neither stop dispatching nor leave callers waiting for a deadline:
-                # what is queued gets a typed INTERNAL answer now, and the loop goes on.
-                log.exception("dispatcher step failed", extra={"model": self.model})
-                for item in self.batcher.drain():
-                    item.payload.reject(
-                        RichError(
-                            grpc.StatusCode.INTERNAL,
-                            "internal error in the gateway's scheduler",
-                            reason=Reason.INTERNAL,
-                        )
+    def _run_step(self) -> None:
+        self._step_handle = None
+        try:
+            self._step()
+        except Exception:
+            # A bug must neither stop dispatching nor leave callers waiting for a deadline:
+            # what is queued gets a typed INTERNAL answer now, and the loop goes on.
+            log.exception("dispatcher step failed", extra={"model": self.model})
+            for item in self.batcher.drain():
+                item.payload.reject(
+                    RichError(
+                        grpc.StatusCode.INTERNAL,
+                        "internal error in the gateway's scheduler",
+                        reason=Reason.INTERNAL,
                     )
+                )
 
     def _sync_breakers(self, now: float) -> None:
         """A replica whose breaker is open is not capacity: the batcher must not plan batches
@@ -368,7 +388,7 @@ class VersionDispatcher:
     def _fire(self) -> None:
         self._timer = None
         self._timer_at = None
-        self._wake.set()
+        self.kick()
 
     def _answer_dropped(self) -> None:
         dropped = self.batcher.take_dropped()
@@ -394,18 +414,21 @@ class VersionDispatcher:
         for pending in batch.payloads:
             if pending.avoid:
                 self._forget_avoid(pending)
-        links = [Link(p.span_context) for p in batch.payloads if p.span_context is not None]
-        span = self._tracer.start_span(
-            "batch",
-            links=links,
-            attributes={
-                "halcyon.model": self.model,
-                "halcyon.version": self.version,
-                "halcyon.batch.size": len(batch.items),
-                "halcyon.batch.tokens": batch.tokens,
-                "halcyon.batch.flush_reason": batch.reason.value,
-            },
-        )
+        if spans_recorded():
+            links = [Link(p.span_context) for p in batch.payloads if p.span_context is not None]
+            span = self._tracer.start_span(
+                "batch",
+                links=links,
+                attributes={
+                    "halcyon.model": self.model,
+                    "halcyon.version": self.version,
+                    "halcyon.batch.size": len(batch.items),
+                    "halcyon.batch.tokens": batch.tokens,
+                    "halcyon.batch.flush_reason": batch.reason.value,
+                },
+            )
+        else:  # nothing would record it: no span, no traceparent to the worker
+            span = trace.INVALID_SPAN
         flight = _Flight(batch, HedgeRace(lease), span)
         self._flights[batch.batch_id] = flight
         self._hedging.record_dispatch()
@@ -440,21 +463,26 @@ class VersionDispatcher:
             self._settle(flight, lease, None, RichError(grpc.StatusCode.UNAVAILABLE, "gone"))
             return
         timeout = max(0.001, max(p.deadline for p in batch.payloads) - self._clock.now())
-        ctx = trace.set_span_in_context(flight.span)
-        metadata = self._fleet_md + tuple(inject_metadata(ctx))
+        metadata = self._fleet_md
+        if flight.span is not trace.INVALID_SPAN:
+            metadata += tuple(inject_metadata(trace.set_span_in_context(flight.span)))
+        started = self._call_metrics.start() if self._call_metrics is not None else 0.0
         task = asyncio.ensure_future(
             stub.ExecuteBatch(self._request(batch), timeout=timeout, metadata=metadata)
         )
         flight.calls[lease.lease_id] = task
-        task.add_done_callback(lambda t: self._on_call_done(flight, lease, t))
+        task.add_done_callback(lambda t: self._on_call_done(flight, lease, t, started))
 
     def _on_call_done(
         self,
         flight: _Flight,
         lease: Lease,
         task: asyncio.Task[worker_pb2.ExecuteBatchResponse],
+        started: float,
     ) -> None:
         flight.calls.pop(lease.lease_id, None)
+        if self._call_metrics is not None:
+            self._call_metrics.finish(started, _call_code(task))
         if task.cancelled():
             # A hedge loser we cancelled: release quietly, it says nothing about the replica.
             self.router.complete(lease, Outcome.CANCELLED, None, self._clock.now())
@@ -663,7 +691,7 @@ class VersionDispatcher:
         for flight in list(self._flights.values()):
             for call in flight.calls.values():
                 call.cancel()
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._stopped = True
+        if self._step_handle is not None:
+            self._step_handle.cancel()
+            self._step_handle = None

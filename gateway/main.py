@@ -14,6 +14,7 @@ from pathlib import Path
 
 from common.argtypes import hostport, positive
 from common.auth import DEV_FLEET_TOKEN, FLEET_TOKEN_ENV, token_from_env_or_default
+from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
     TlsOptions,
@@ -147,7 +148,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         # Built inside the loop: grpc.aio binds a server to the loop current at construction.
-        await GatewayApp(config).run_until_signal()
+        await GatewayApp(config).run_until_signal(after_start=tune_for_serving)
 
     try:
         asyncio.run(main())

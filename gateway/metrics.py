@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from common.buffered_metrics import BufferedCounter, ScrapeHooks
+
 __all__ = ["REQUEST_OUTCOMES", "GatewayMetrics", "ReplicaSample"]
 
 # Every way an Infer call can end (the ``outcome`` label): OK or an ErrorInfo reason.
@@ -99,14 +101,26 @@ class _ReplicaCollector(Collector):
         yield from (latency, inflight, intercept, per_token)
 
 
+def _registered_hooks(registry: CollectorRegistry) -> ScrapeHooks:
+    hooks = ScrapeHooks()
+    registry.register(hooks)
+    return hooks
+
+
 class GatewayMetrics:
     """``halcyon_gateway_*`` families, with children pre-bound for the hot path."""
 
-    def __init__(self, registry: CollectorRegistry) -> None:
-        def labeled(name: str, doc: str, label: str, values: tuple[str, ...]) -> dict[str, Counter]:
+    def __init__(self, registry: CollectorRegistry, hooks: ScrapeHooks | None = None) -> None:
+        hooks = hooks or _registered_hooks(registry)
+
+        def labeled(
+            name: str, doc: str, label: str, values: tuple[str, ...]
+        ) -> dict[str, BufferedCounter]:
             # Every child exists from the start, so rate() queries work before the first event.
             family = Counter(name, doc, [label], registry=registry)
-            return {v: family.labels(v) for v in values}
+            counters = {v: BufferedCounter(family.labels(v)) for v in values}
+            hooks.add_counters(counters.values())
+            return counters
 
         self.requests = labeled(
             "halcyon_gateway_requests",

@@ -21,6 +21,8 @@ DEFAULT_OUTPUT_TOKENS = 64
 MAX_MODEL_NAME = 128
 MAX_SESSION_KEY = 256
 BYTES_PER_TOKEN = 4
+_PRIORITIES = frozenset(infer_pb2.Priority.values())
+_LANES = frozenset(infer_pb2.Lane.values())
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,9 +70,9 @@ def validate(
         )
     if len(req.session_key) > MAX_SESSION_KEY:
         raise invalid_argument("session_key", f"at most {MAX_SESSION_KEY} characters")
-    if req.priority not in infer_pb2.Priority.values():
+    if req.priority not in _PRIORITIES:
         raise invalid_argument("priority", f"unknown value {req.priority}")
-    if req.lane not in infer_pb2.Lane.values():
+    if req.lane not in _LANES:
         raise invalid_argument("lane", f"unknown value {req.lane}")
     timeout_s = default_timeout_s if grpc_time_remaining_s is None else grpc_time_remaining_s
     if req.HasField("timeout"):

@@ -41,6 +41,9 @@ class WorkerPool:
         options = [
             ("grpc.keepalive_time_ms", 10_000),
             ("grpc.max_receive_message_length", 64 << 20),
+            # The dispatcher retries (elsewhere, with the batcher's say) itself; the core's
+            # transparent retries would only buffer every batch a second time.
+            ("grpc.enable_retries", 0),
         ]
         if self._credentials is None:
             channel = grpc.aio.insecure_channel(

@@ -43,6 +43,9 @@ class Tally:
 
     started: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
+    # End-to-end latency minus the device time the worker reported: what the serving path
+    # (client hop, gateway, worker RPC) adds on top of the model itself.
+    added_ms: list[float] = field(default_factory=list)
     outcomes: Counter[str] = field(default_factory=Counter)
     versions: Counter[str] = field(default_factory=Counter)
     batch_sizes: list[int] = field(default_factory=list)
@@ -121,6 +124,10 @@ class LoadGenerator:
             if err is None:
                 resp = future.result()
                 tally.latencies_ms.append(elapsed_ms)
+                execution = resp.timings.execution
+                tally.added_ms.append(
+                    elapsed_ms - (execution.seconds * 1e3 + execution.nanos / 1e6)
+                )
                 tally.outcomes["OK"] += 1
                 tally.versions[resp.version] += 1
                 tally.batch_sizes.append(resp.batch.size)
@@ -235,6 +242,7 @@ def read_cpu_seconds(metrics_address: str) -> float | None:
 
 def summarize(tally: Tally, elapsed: float, cpu_s: float | None) -> dict[str, Any]:
     lat = sorted(tally.latencies_ms)
+    added = sorted(tally.added_ms)
     answered = tally.answered
     return {
         "requests": answered,
@@ -245,6 +253,8 @@ def summarize(tally: Tally, elapsed: float, cpu_s: float | None) -> dict[str, An
         "p95_ms": _quantile(lat, 0.95),
         "p99_ms": _quantile(lat, 0.99),
         "max_ms": lat[-1] if lat else math.nan,
+        "added_p50_ms": _quantile(added, 0.50),
+        "added_p99_ms": _quantile(added, 0.99),
         "mean_batch_size": sum(tally.batch_sizes) / len(tally.batch_sizes)
         if tally.batch_sizes
         else 0.0,
@@ -263,8 +273,10 @@ def render(report: dict[str, Any]) -> str:
         f"{100.0 * report['success_rate']:.2f}%",
         f"  throughput      {report['throughput_rps']:.1f} req/s   goodput "
         f"{report['goodput_rps']:.1f} req/s",
-        f"  p50/p95/p99     {report['p50_ms']:.0f} / {report['p95_ms']:.0f} / "
-        f"{report['p99_ms']:.0f} ms   (max {report['max_ms']:.0f} ms)",
+        f"  p50/p95/p99     {report['p50_ms']:.1f} / {report['p95_ms']:.1f} / "
+        f"{report['p99_ms']:.1f} ms   (max {report['max_ms']:.1f} ms)",
+        f"  added latency   p50 {report['added_p50_ms']:.2f} / p99 {report['added_p99_ms']:.2f} ms"
+        "   (end to end minus the worker's device time)",
         f"  mean batch size {report['mean_batch_size']:.2f}   hedge rate "
         f"{100.0 * report['hedge_rate']:.2f}%",
         "  outcomes        " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()),
@@ -283,7 +295,8 @@ def render(report: dict[str, Any]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Drive a running gateway with closed-loop clients (--clients) or open-loop Poisson "
-        "arrivals (--rate) and report success, throughput, latency quantiles, batch sizes, "
+        "arrivals (--rate) and report success, throughput, latency quantiles, the latency "
+        "added on top of device time, batch sizes, "
         "outcomes by status/reason, hedge rate and version split."
     )
     parser.add_argument("--target", default="127.0.0.1:50051", help="gateway host:port")

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from opentelemetry import trace
@@ -24,6 +25,7 @@ from opentelemetry import trace
 from common.auth import AuthPolicy, Role
 from common.backoff import Backoff
 from common.clock import Clock, MonotonicClock
+from common.raw_unary import RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import (
     ServiceHost,
@@ -39,7 +41,7 @@ from worker.metrics import WorkerMetrics
 from worker.registration import ControllerSession
 from worker.replica import DrainResult, Replica
 from worker.runtime import ModelRuntime, SimulatedDevice
-from worker.servicer import SERVICE_NAME, WorkerService
+from worker.servicer import EXECUTE_BATCH_METHOD, SERVICE_NAME, RawExecuteBatch, WorkerService
 from worker.slots import SlotTable
 
 __all__ = ["WorkerApp", "WorkerConfig", "worker_auth_policy"]
@@ -136,6 +138,13 @@ class WorkerApp:
         self.host.add_service(
             worker_pb2_grpc.add_WorkerServiceServicer_to_server, self.servicer, SERVICE_NAME
         )
+        # ExecuteBatch off its own completion queue (ADR 0006); the servicer above serves it
+        # only if that endpoint cannot attach.
+        self.host.add_raw_unary(
+            RawUnaryEndpoint(
+                EXECUTE_BATCH_METHOD, RawExecuteBatch(self.servicer), self.host.grpc_metrics
+            )
+        )
         self.identity: ReplicaIdentity | None = None
         self.session: ControllerSession | None = None
         self._drain_task: asyncio.Task[DrainResult] | None = None
@@ -228,9 +237,11 @@ class WorkerApp:
             await self.session.close()
         await self.host.stop()
 
-    async def run_until_signal(self) -> None:
+    async def run_until_signal(self, after_start: Callable[[], None] | None = None) -> None:
         """Start, serve until SIGTERM/SIGINT, then drain within the grace and stop."""
         await self.start()
+        if after_start is not None:
+            after_start()
         await self.host.serve_until_signal(
             on_shutdown=lambda: self._drain_for_shutdown(self.config.serving.grace_s)
         )

@@ -21,6 +21,7 @@ from common.auth import (
     token_from_env_or_default,
 )
 from common.backoff import Backoff
+from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
     TlsOptions,
@@ -213,7 +214,7 @@ def run(args: argparse.Namespace) -> int:
 
     async def main() -> None:
         # Built inside the loop: grpc.aio binds a server to the loop current at construction.
-        await WorkerApp(config).run_until_signal()
+        await WorkerApp(config).run_until_signal(after_start=tune_for_serving)
 
     try:
         asyncio.run(main())

@@ -165,7 +165,8 @@ class SimulatedDevice:
         if plan is not None and plan.kind is FaultKind.HANG:
             await _never()
         duration = self.sample_s(tokens) * (plan.slowdown if plan is not None else 1.0)
-        await self._sleep(duration)
+        if duration > 0.0:  # a zero-time device (overhead benchmarks) costs no loop turn
+            await self._sleep(duration)
         outputs = tuple(
             ItemOutput(
                 id=item.id,

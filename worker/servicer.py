@@ -11,15 +11,20 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
 
+import grpc
 import grpc.aio
+from google.protobuf.message import DecodeError
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from common.durations import to_duration, to_seconds
-from common.errors import abort, invalid_argument
-from common.tracing import extract_context
+from common.errors import RichError, abort, invalid_argument
+from common.raw_unary import RawCall
+from common.tracing import extract_context, spans_recorded
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome, WorkerMetrics
@@ -28,11 +33,18 @@ from worker.replica import DrainResult, Replica
 from worker.runtime import RuntimeResult
 from worker.validation import parse_batch
 
-__all__ = ["DEFAULT_DRAIN_GRACE_S", "SERVICE_NAME", "WorkerService"]
+__all__ = [
+    "DEFAULT_DRAIN_GRACE_S",
+    "EXECUTE_BATCH_METHOD",
+    "SERVICE_NAME",
+    "RawExecuteBatch",
+    "WorkerService",
+]
 
 _log = logging.getLogger("halcyon.worker.servicer")
 
 SERVICE_NAME = "halcyon.v1.WorkerService"
+EXECUTE_BATCH_METHOD = f"/{SERVICE_NAME}/ExecuteBatch"
 DEFAULT_DRAIN_GRACE_S = 30.0
 
 
@@ -50,7 +62,7 @@ def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatch
     )
 
 
-class WorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[misc]
+class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """ExecuteBatch, Drain and Describe over a :class:`Replica`."""
 
     def __init__(
@@ -73,20 +85,33 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[misc
     async def ExecuteBatch(
         self, request: worker_pb2.ExecuteBatchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ExecuteBatchResponse:
+        outcome = await self.execute(request, context.invocation_metadata())
+        if isinstance(outcome, RichError):
+            await abort(context, outcome)
+        return outcome
+
+    async def execute(
+        self, request: worker_pb2.ExecuteBatchRequest, metadata: Iterable[tuple[str, Any]] | None
+    ) -> worker_pb2.ExecuteBatchResponse | RichError:
+        """Run one batch: its response, or the typed error to send. Cancellation propagates."""
         identity = self._identity()
-        parent = extract_context(context.invocation_metadata())
-        with self._tracer.start_as_current_span(
-            f"{SERVICE_NAME}/ExecuteBatch",  # the RPC span name OpenTelemetry conventions use
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={
-                "halcyon.batch_id": request.batch_id,
-                "halcyon.replica_id": identity.replica_id,
-                "halcyon.model": request.model,
-                "halcyon.version": request.version,
-                "halcyon.batch_size": len(request.items),
-            },
-        ) as span:
+        span_scope: AbstractContextManager[trace.Span] = (
+            self._tracer.start_as_current_span(
+                f"{SERVICE_NAME}/ExecuteBatch",  # the RPC span name OpenTelemetry conventions use
+                context=extract_context(metadata),
+                kind=SpanKind.SERVER,
+                attributes={
+                    "halcyon.batch_id": request.batch_id,
+                    "halcyon.replica_id": identity.replica_id,
+                    "halcyon.model": request.model,
+                    "halcyon.version": request.version,
+                    "halcyon.batch_size": len(request.items),
+                },
+            )
+            if spans_recorded()
+            else nullcontext(trace.INVALID_SPAN)  # nothing would record it (common.tracing)
+        )
+        with span_scope as span:
             try:
                 items = parse_batch(request, identity)
                 result = await self._replica.execute(request.batch_id, items)
@@ -110,7 +135,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[misc
                 span.set_attribute("halcyon.device_time_ms", result.device_time_s * 1000.0)
                 return _response(identity.replica_id, result)
         self._metrics.observe_outcome(outcome)
-        await abort(context, err)
+        return err
 
     async def Drain(
         self, request: worker_pb2.DrainRequest, context: grpc.aio.ServicerContext
@@ -132,3 +157,41 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):  # type: ignore[misc
         return worker_pb2.DescribeResponse(
             replica=self._identity().to_proto(), load=self._replica.load().to_proto()
         )
+
+
+class RawExecuteBatch:
+    """Thin completion-queue adapter for ExecuteBatch (``common.raw_unary``; ADR 0006): the
+    same :meth:`WorkerService.execute`, without grpc.aio's per-call machinery."""
+
+    def __init__(self, service: WorkerService) -> None:
+        self._service = service
+        self._running: set[asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]] = set()
+
+    def __call__(self, call: RawCall) -> None:
+        try:
+            request = worker_pb2.ExecuteBatchRequest.FromString(call.request)
+        except DecodeError:
+            err = invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest")
+            call.fail(err.code, err.message, err.trailing_metadata())
+            return
+        task = asyncio.ensure_future(self._service.execute(request, call.metadata))
+        self._running.add(task)
+        # A cancelled call (the gateway's hedge loser, a passed deadline) frees the device.
+        call.on_cancel = task.cancel
+
+        def answer(done: asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]) -> None:
+            self._running.discard(done)
+            if done.cancelled():
+                return
+            exc = done.exception()
+            if exc is not None:
+                _log.error("unexpected ExecuteBatch failure", exc_info=exc)
+                call.fail(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+                return
+            outcome = done.result()
+            if isinstance(outcome, RichError):
+                call.fail(outcome.code, outcome.message, outcome.trailing_metadata())
+            else:
+                call.reply(outcome.SerializeToString())
+
+        task.add_done_callback(answer)

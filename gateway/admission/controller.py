@@ -138,9 +138,7 @@ class AdmissionController:
         )
         if overloaded is not None:
             return overloaded
-        charge = self._quotas.charge(tenant, cost, now)
-        if isinstance(charge, QuotaExceeded):  # pragma: no cover - checked just above
-            return charge
+        charge = self._quotas.take(tenant, cost, now)  # check() said it fits, same now
         limiter.acquire(now)
         return AdmissionTicket(tenant.name, priority, cost, now, charge)
 

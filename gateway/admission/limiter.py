@@ -10,12 +10,13 @@ Once per window (``window_s``, and only once it holds ``min_window_samples`` suc
 * ``short`` = mean latency of the window's successful requests; ``long`` = the long-run
   level: it follows ``short`` down at once and up only slowly (time constant
   ``long_window_s``), so it stays anchored to the latency of an un-queued fleet;
-* a queue is forming when ``short > tolerance x long``; then the limit is multiplied by
-  ``max(min_gradient, long / (tolerance x short))`` — a multiplicative decrease to a little
-  below where latency would return to ``long`` if it grows with concurrency. Cutting past
-  that point drains the queue, so the next window sees un-queued latency again and ``long``
-  stays anchored to it; a cut that only reached the tolerance line would let ``long`` creep
-  up with the queue and the limit drift upward (Gradient2's known failure);
+* a queue is forming when ``short > tolerance x long + queue_slack``; then the limit is
+  multiplied by ``max(min_gradient, long / (tolerance x short))`` — a multiplicative decrease
+  to a little below where latency would return to ``long`` if it grows with concurrency
+  (``queue_slack`` keeps a few milliseconds of queueing on a fast fleet from counting).
+  Cutting past that point drains the queue, so the next window sees un-queued latency again
+  and ``long`` stays anchored to it; a cut that only reached the tolerance line would let
+  ``long`` creep up with the queue and the limit drift upward (Gradient2's known failure);
 * otherwise, if the window used at least half the limit, the limit grows by
   ``increase_gain x sqrt(limit)`` — a sublinear increase. A window that never used half the
   limit changes nothing: an idle fleet is no evidence for a higher limit, and a limit that
@@ -59,6 +60,9 @@ class GradientLimiterConfig:
     """Memory of the long-run latency average."""
     tolerance: float = 1.1
     """Short latency may exceed long by this factor before the limit comes down."""
+    queue_slack_s: float = 0.0
+    """Latency above the tolerance line smaller than this is not acted on: a few milliseconds
+    of queueing on a fast fleet are not an overload worth refusing work for."""
     min_gradient: float = 0.5
     """The most one window can cut (before smoothing)."""
     relief_ratio: float = 0.95
@@ -81,6 +85,8 @@ class GradientLimiterConfig:
             raise ValueError("min_window_samples must be at least 1")
         if self.tolerance < 1.0:
             raise ValueError("tolerance must be >= 1")
+        if not (self.queue_slack_s >= 0.0 and math.isfinite(self.queue_slack_s)):
+            raise ValueError("queue_slack_s must be finite and >= 0")
         if not 0.0 < self.min_gradient <= 1.0:
             raise ValueError("min_gradient must be in (0, 1]")
         if not 0.0 < self.increase_gain <= 4.0:
@@ -200,7 +206,7 @@ class GradientLimiter:
         long = short if self._long is None else self._long
         limit = self._limit
         app_limited = self._window_max_inflight < limit / 2.0
-        queueing = short > cfg.tolerance * long
+        queueing = short > cfg.tolerance * long + cfg.queue_slack_s
         if queueing and self._cut_before and short >= cfg.relief_ratio * self._prev_short:
             # The last cut brought no relief: this latency is not our queue (a slower model,
             # a noisy neighbour). Accept it as the new normal instead of cutting to the floor.

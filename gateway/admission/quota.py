@@ -95,6 +95,11 @@ class TenantQuotas:
         self._bucket(tenant, now).take(cost, now)
         return QuotaCharge(tenant.name, cost)
 
+    def take(self, tenant: TenantConfig, cost: float, now: float) -> QuotaCharge:
+        """Take ``cost`` tokens that :meth:`check` just said fit (same ``now``, no check)."""
+        self._bucket(tenant, now).take(cost, now)
+        return QuotaCharge(tenant.name, cost)
+
     def refund(self, charge: QuotaCharge, now: float) -> bool:
         """Return a charge's tokens (request shed before doing work). False if already done."""
         if charge._refunded:

@@ -116,6 +116,9 @@ Tenant = TenantConfig
 """What :meth:`TenantRegistry.authenticate` returns: the caller's tenant configuration."""
 
 
+_RECENT_KEYS = 4096
+
+
 class TenantRegistry:
     """All tenants, looked up by key in constant time."""
 
@@ -136,6 +139,11 @@ class TenantRegistry:
         self._digests: tuple[tuple[bytes, TenantConfig], ...] = tuple(
             (bytes.fromhex(d), t) for t in self._tenants.values() for d in t.key_sha256
         )
+        # Keys seen recently and what they resolved to: a client sends the same key with
+        # every request, and hashing plus comparing it against every digest each time is a
+        # measurable share of the gateway's CPU per request. Bounded; a registry is immutable
+        # (reloading builds a new one), so an entry never goes stale.
+        self._recent: dict[str, TenantConfig | None] = {}
 
     # -- construction -------------------------------------------------------------------------
 
@@ -215,14 +223,20 @@ class TenantRegistry:
     def authenticate(self, api_key: str) -> Tenant | None:
         """The tenant whose stored digest matches ``api_key``'s, or None.
 
-        Every stored digest is compared (constant time each, no early exit), so timing
-        depends only on how many digests are configured.
+        A key seen recently is answered from memory. Otherwise every stored digest is
+        compared (constant time each, no early exit), so the timing of a new key depends only
+        on how many digests are configured.
         """
+        if api_key in self._recent:
+            return self._recent[api_key]
         presented = hashlib.sha256(api_key.encode("utf-8")).digest()
         found: TenantConfig | None = None
         for digest, tenant in self._digests:
             if hmac.compare_digest(presented, digest):
                 found = tenant
+        if len(self._recent) >= _RECENT_KEYS:
+            self._recent.clear()
+        self._recent[api_key] = found
         return found
 
     def get(self, name: str) -> TenantConfig | None:

@@ -31,6 +31,8 @@ of one slot, the gateway with many replicas of several slots each.
 Cost: admission is ``O(log n + b)`` against the cached plan (``b`` = planned batches, a
 handful); the plan is rebuilt in one ``O(n)`` pass on every dispatch and after every few
 admissions, because incremental updates cannot move batch boundaries the way a fresh plan does.
+Both run thousands of times a second, so their constant factors matter too: the hot paths read
+each value once and spell out ``min``/``max`` where a comparison gives the same result.
 """
 
 from __future__ import annotations
@@ -39,12 +41,13 @@ import bisect
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Generic
 
 from common.clock import Clock
 from gateway.batching.config import BatcherConfig
 from gateway.batching.cost_model import CostSnapshot, OnlineCostModel
-from gateway.batching.deadline_mix import ArrivalMix
+from gateway.batching.deadline_mix import ArrivalMix, ArrivalWindow
 from gateway.batching.horizon import choose_horizon, protecting_horizon
 from gateway.batching.planner import (
     Plan,
@@ -77,6 +80,10 @@ _REPLAN_EVERY = 8
 _EPSILON = 1e-9
 # The shed threshold never falls below this share of the fluid estimate's size cut.
 _THRESHOLD_FLOOR = 0.5
+# Enum members read on every request, bound once: on Python 3.11 ``Lane.BULK`` is a descriptor
+# call, several times dearer than reading a module global.
+_INTERACTIVE = Lane.INTERACTIVE
+_BULK = Lane.BULK
 
 
 class _Replica(Generic[P]):
@@ -136,7 +143,7 @@ class DeadlineBatcher(Generic[P]):
         self._next_batch_id = 1
         # Every arrival (for the horizon choice) and every admitted request (for the rate at
         # which work that overtakes under EDF arrives).
-        self._mix = ArrivalMix(cfg.deadline_window)
+        self._mix = ArrivalWindow(cfg.deadline_window)
         self._overtaking = ArrivalMix(cfg.deadline_window)
         # (protected budget s, its tokens/s, horizon stretch): see ``horizon.choose_horizon``.
         self._protected: tuple[float, float, float] | None = None
@@ -149,6 +156,7 @@ class DeadlineBatcher(Generic[P]):
         self._horizon_stale = True
         self._risk_ok = True  # whether the last plan could afford risky requests
         self._since_replan = 0  # admissions checked against the cached plan since it was made
+        self._planned_at = -math.inf
         self._plan_slots: list[SlotView] = []
         self._horizon = math.inf
         self._dropped: list[Dropped[P]] = []
@@ -219,7 +227,11 @@ class DeadlineBatcher(Generic[P]):
 
     def free_replicas(self) -> list[str]:
         """Replicas with a free slot, in the order they were added."""
-        return [r.replica_id for r in self._replicas.values() if r.free_slots() > 0]
+        free: list[str] = []  # a plain loop: cheaper than a comprehension on a few replicas
+        for r in self._replicas.values():
+            if not r.removed and r.slots > len(r.in_flight):
+                free.append(r.replica_id)
+        return free
 
     def cost_model(self, replica_id: str) -> OnlineCostModel:
         return self._replicas[replica_id].model
@@ -244,7 +256,8 @@ class DeadlineBatcher(Generic[P]):
             return self._reject(DropReason.NO_CAPACITY, None, None)
         if len(self._int) + len(self._bulk) >= self._cfg.max_queue:
             return self._reject(DropReason.QUEUE_FULL, None, self._drain_estimate(now))
-        self._mix.add(deadline - now, tokens, now)
+        relative = deadline - now
+        self._mix.add(relative, tokens, now)
         if tokens > self._largest_seen:
             self._largest_seen = tokens
         self._seq += 1
@@ -260,17 +273,21 @@ class DeadlineBatcher(Generic[P]):
             verdict = self._admit_alone(item, now)
         else:
             plan = self._plan
-            if plan is None or self._free_total > 0 or self._since_replan >= _REPLAN_EVERY:
+            # An idle slot makes the plan's start times go stale as the clock moves; within a
+            # tick (a burst of arrivals handled together) the plan, grown in place by _admit,
+            # still describes the queue, and re-planning per arrival would cost O(n^2).
+            stale = self._free_total > 0 and now - self._planned_at >= self._tick
+            if plan is None or stale or self._since_replan >= _REPLAN_EVERY:
                 plan = self._replan(now, None)
             self._since_replan += 1
-            verdict = self._admit(plan, item)
+            verdict = self._admit(plan, item, now)
         if isinstance(verdict, Rejected):
             return verdict
         self._insert(item)
-        self._overtaking.add(deadline - now, tokens, now)
+        self._overtaking.add(relative, tokens, now)
         return Accepted(item, verdict)
 
-    def _admit(self, plan: Plan[P], x: BatchItem[P]) -> float | Rejected:
+    def _admit(self, plan: Plan[P], x: BatchItem[P], now: float) -> float | Rejected:
         """Checks ``x`` against the cached plan; returns its expected completion or a refusal.
 
         ``x`` lands in the planned batch its EDF position falls into. Its completion is then at
@@ -282,34 +299,38 @@ class DeadlineBatcher(Generic[P]):
         its marginal cost); on failure, a larger request ahead may be shed in its favour.
         """
         batches = plan.batches
-        bulk = x.lane is Lane.BULK
-        key = (1 if bulk else 0, x.deadline)
+        bulk = x.lane is _BULK
         w = x.tokens
         d = x.deadline
-        now = self._clock.now()
+        key = (1 if bulk else 0, d)
         j = -1
+        target: PlannedBatch[P] | None = None
+        ahead_tokens = 0
+        priced = -1  # the slot whose model's coefficients are loaded below
         if batches and batches[-1].last_key >= key:
             for idx, pb in enumerate(batches):
                 if pb.last_key >= key:
                     j = idx
                     break
-        target: PlannedBatch[P] | None = None
-        ahead_tokens = 0
-        if j >= 0:
             target = batches[j]
             for item in target.items:
-                if item.deadline <= d and (bulk or item.lane is not Lane.BULK or item.promoted):
+                if item.deadline <= d and (bulk or item.lane is not _BULK or item.promoted):
                     ahead_tokens += item.tokens
         elif batches:
             last = batches[-1]
-            model = self._plan_slots[last.slot].model
-            cost = last.cost + model.slope * w
-            grow = model.slope * w * model.upper_factor
+            priced = last.slot
+            intercept, slope, factor = self._plan_slots[priced].model.coefficients()
+            cost = last.cost + slope * w
+            grow = slope * w * factor
+            cfg = self._cfg
+            # min(last.min_deadline, d), spelled out: on this per-request path a builtin call
+            # costs more than the comparison (and the result is the same, ties included).
+            binding = d if d < last.min_deadline else last.min_deadline
             if (
                 cost <= self._horizon
-                and len(last.items) < self._cfg.max_batch_items
-                and last.tokens + w <= self._cfg.max_batch_tokens
-                and last.upper_end + grow <= min(last.min_deadline, d)
+                and len(last.items) < cfg.max_batch_items
+                and last.tokens + w <= cfg.max_batch_tokens
+                and last.upper_end + grow <= binding
             ):
                 target = last
                 j = len(batches) - 1
@@ -321,20 +342,27 @@ class DeadlineBatcher(Generic[P]):
         else:
             # A new batch after everything planned, on the slot that frees first.
             free = plan.free_after
-            s = 0 if len(free) == 1 else min(range(len(free)), key=free.__getitem__)
-            start = max(free[s], now)
+            s = 0
+            for i in range(1, len(free)):
+                if free[i] < free[s]:
+                    s = i
+            start = now if now > free[s] else free[s]  # max(free[s], now)
             variance = plan.variance_after[s]
-        model = self._plan_slots[s].model
-        cost = model.intercept + model.slope * (ahead_tokens + w)
-        margin = (model.upper_factor - 1.0) * cost
+        if s != priced:
+            intercept, slope, factor = self._plan_slots[s].model.coefficients()
+        cost = intercept + slope * (ahead_tokens + w)
+        margin = (factor - 1.0) * cost
         upper = start + cost + math.sqrt(variance + margin * margin)
         if start > now:
+            # Read even when unused below: the rate table refreshes on a read, and when it
+            # does must not depend on which admissions needed it.
             bounds, rates = self._overtaking.overtaking_rates(now)
-            if bounds:
-                o_slope = overtake_slope(
-                    model.intercept, model.slope, self._horizon, self._slots_total
-                )
-                upper += overtake_delay(bounds, rates, o_slope, d - now, start - now)
+            wait = start - now
+            # The expected overtaking delay is at most 9 waits (ρ ≤ 0.9 in overtake_delay):
+            # when even 10 fit, it cannot change the verdict below, so it is not computed.
+            if bounds and upper + 10.0 * wait > d:
+                o_slope = overtake_slope(intercept, slope, self._horizon, self._slots_total)
+                upper += overtake_delay(bounds, rates, o_slope, d - now, wait)
         if upper > d and self._risk_ok and start + cost <= d:
             upper = d  # spare capacity: try it on the expected cost (see ``plan_batches``)
         if upper > d:
@@ -343,11 +371,11 @@ class DeadlineBatcher(Generic[P]):
                 ahead += [
                     item
                     for item in target.items
-                    if item.deadline <= d and (bulk or item.lane is not Lane.BULK or item.promoted)
+                    if item.deadline <= d and (bulk or item.lane is not _BULK or item.promoted)
                 ]
             else:
                 ahead = [item for pb in batches for item in pb.items]
-            victim = self._swap_victim(ahead, x, upper - d, model.slope)
+            victim = self._swap_victim(ahead, x, upper - d, slope)
             if victim is None:
                 return self._reject(DropReason.DEADLINE_UNREACHABLE, upper, max(0.0, start - now))
             in_target = target is not None and victim in target.items
@@ -359,9 +387,23 @@ class DeadlineBatcher(Generic[P]):
                 start -= saved
         expected = start + cost
         if target is not None:
-            self._grow_planned(plan, j, x, model.slope * w, model.upper_factor)
+            # x joins ``target``; later batches on the same slot start later by its marginal
+            # cost.
+            added = slope * w
+            target.items.append(x)
+            target.tokens += w
+            target.cost += added
+            target.upper_end += added * factor
+            if d < target.min_deadline:
+                target.min_deadline = d
+            if target is not batches[-1]:
+                for later in batches[j + 1 :]:
+                    if later.slot == s:
+                        later.start += added
+                        later.upper_end += added * factor
+            plan.free_after[s] += added
         else:
-            margin = (model.upper_factor - 1.0) * cost
+            margin = (factor - 1.0) * cost
             upper = start + cost + math.sqrt(variance + margin * margin)
             batches.append(PlannedBatch(s, start, variance, [x], w, cost, upper, d, key))
             plan.free_after[s] = start + cost
@@ -401,7 +443,7 @@ class DeadlineBatcher(Generic[P]):
             return None
         need = overrun / slope  # tokens that must leave the work ahead of x
         if self._cfg.objective is Objective.ON_TIME_REQUESTS:
-            best = max(candidates, key=_tokens)
+            best = max(candidates, key=_TOKENS)
             if best.tokens <= x.tokens or best.tokens < need:
                 return None
             return best
@@ -432,22 +474,6 @@ class DeadlineBatcher(Generic[P]):
         self._record_drop(victim, DropReason.SHED_FOR_GOODPUT, pb.upper_end)
         return saved
 
-    def _grow_planned(
-        self, plan: Plan[P], j: int, x: BatchItem[P], added: float, factor: float
-    ) -> None:
-        pb = plan.batches[j]
-        pb.items.append(x)
-        pb.tokens += x.tokens
-        pb.cost += added
-        pb.upper_end += added * factor
-        if x.deadline < pb.min_deadline:
-            pb.min_deadline = x.deadline
-        for later in plan.batches[j + 1 :]:
-            if later.slot == pb.slot:
-                later.start += added
-                later.upper_end += added * factor
-        plan.free_after[pb.slot] += added
-
     # -- dispatch ------------------------------------------------------------------------
 
     def take_batch(self, replica_id: str) -> Batch[P] | None:
@@ -471,7 +497,7 @@ class DeadlineBatcher(Generic[P]):
             reason = FlushReason.FULL
         elif first.min_deadline - first.upper_end <= self._tick + _EPSILON:
             reason = FlushReason.DEADLINE
-        elif now - min(item.arrival for item in first.items) >= self._cfg.linger_s - _EPSILON:
+        elif now - min(map(_ARRIVAL, first.items)) >= self._cfg.linger_s - _EPSILON:
             # With no linger configured nothing waited on purpose: the batch left because a
             # replica was free, which is what CAPACITY means.
             reason = FlushReason.LINGER if self._cfg.linger_s > 0 else FlushReason.CAPACITY
@@ -516,7 +542,7 @@ class DeadlineBatcher(Generic[P]):
         if replica.capacity_credit > 0:
             replica.capacity_credit -= 1
         if self._threshold is not None:
-            largest = max((item.tokens for item in self._int), default=0)
+            largest = max(map(_TOKENS, self._int), default=0)
             self._threshold.after_dispatch(
                 self._forced_count,
                 self._forced_since_dispatch,
@@ -585,7 +611,7 @@ class DeadlineBatcher(Generic[P]):
         ``None`` when nothing is queued. After any event (submit, complete, fail) callers
         should offer each free replica a ``take_batch`` first.
         """
-        if not self._queued():
+        if not self._int and not self._bulk:
             return None
         if now is None:
             now = self._clock.now()
@@ -593,28 +619,30 @@ class DeadlineBatcher(Generic[P]):
         if plan is None:
             plan = self._replan(now, None)
         wake = self._hopeless_at
-        if plan.batches and self._any_idle_slot():
+        if plan.batches and self._free_total > 0:
             first = plan.batches[0]
             if plan.first_full or any(r.capacity_credit > 0 for r in self._replicas.values()):
                 wake = now
             else:
                 flush_by = first.start + (first.min_deadline - first.upper_end) - self._tick
-                linger_by = min(item.arrival for item in first.items) + self._cfg.linger_s
+                linger_by = min(map(_ARRIVAL, first.items)) + self._cfg.linger_s
                 wake = min(wake, flush_by, linger_by)
         if self._bulk_fifo:
             wake = min(wake, self._bulk_fifo[0].arrival + self._cfg.bulk_aging_s)
-        if not self._queued():
+        if not self._int and not self._bulk:
             return None
-        return max(wake, now + self._tick)
+        earliest = now + self._tick
+        return earliest if earliest > wake else wake  # max(wake, earliest)
 
     def poll(self) -> None:
         """Promotes aged bulk work and evicts work that can no longer make its deadline."""
         now = self._clock.now()
-        plan = self._plan
-        aged = bool(self._bulk_fifo) and (
-            now - self._bulk_fifo[0].arrival >= self._cfg.bulk_aging_s - _EPSILON
-        )
-        if plan is None or aged or now >= self._hopeless_at:
+        fifo = self._bulk_fifo
+        if (
+            self._plan is None
+            or now >= self._hopeless_at
+            or (fifo and now - fifo[0].arrival >= self._cfg.bulk_aging_s - _EPSILON)
+        ):
             self._replan(now, None)
 
     # -- shutdown ------------------------------------------------------------------------
@@ -640,7 +668,7 @@ class DeadlineBatcher(Generic[P]):
 
     @property
     def depth(self) -> int:
-        return self._queued()
+        return len(self._int) + len(self._bulk)
 
     @property
     def horizon(self) -> float:
@@ -669,12 +697,6 @@ class DeadlineBatcher(Generic[P]):
 
     def _queued(self) -> int:
         return len(self._int) + len(self._bulk)
-
-    def _active(self) -> list[_Replica[P]]:
-        return [r for r in self._replicas.values() if not r.removed]
-
-    def _any_idle_slot(self) -> bool:
-        return self._free_total > 0
 
     def _refresh_capacity(self) -> None:
         slots = free = busy = 0
@@ -731,7 +753,7 @@ class DeadlineBatcher(Generic[P]):
         return plan.batches[-1].start - now < reach
 
     def _insert(self, item: BatchItem[P]) -> None:
-        if item.lane is Lane.INTERACTIVE or item.promoted:
+        if item.lane is _INTERACTIVE or item.promoted:
             pos = bisect.bisect_right(self._int_d, item.deadline)
             self._int_d.insert(pos, item.deadline)
             self._int.insert(pos, item)
@@ -743,7 +765,7 @@ class DeadlineBatcher(Generic[P]):
         self._queued_tokens += item.tokens
 
     def _remove(self, item: BatchItem[P]) -> None:
-        if item.lane is Lane.INTERACTIVE or item.promoted:
+        if item.lane is _INTERACTIVE or item.promoted:
             deadlines, items = self._int_d, self._int
         else:
             deadlines, items = self._bulk_d, self._bulk
@@ -781,21 +803,29 @@ class DeadlineBatcher(Generic[P]):
         views: list[SlotView] = []
         if first is not None and first.free_slots() > 0:
             views.append(SlotView(first.replica_id, first.model, now, 0.0))
+        busy_until = now + self._tick
         for replica in self._replicas.values():
             if replica.removed:
                 continue
+            replica_id = replica.replica_id
             model = replica.model
-            spread = model.upper_factor - 1.0
-            free = replica.free_slots() - (1 if replica is first and views else 0)
-            for _ in range(free):
-                views.append(SlotView(replica.replica_id, model, now, 0.0))
-            for batch in replica.in_flight.values():
-                # Still busy past its predicted end: it cannot start anything within a tick.
-                end = max(batch.dispatched_at + batch.predicted_seconds, now + self._tick)
-                margin = spread * batch.predicted_seconds
-                views.append(SlotView(replica.replica_id, model, end, margin * margin))
+            in_flight = replica.in_flight
+            free = replica.slots - len(in_flight) - (1 if replica is first and views else 0)
+            while free > 0:
+                views.append(SlotView(replica_id, model, now, 0.0))
+                free -= 1
+            if in_flight:
+                spread = model.upper_factor - 1.0
+                for batch in in_flight.values():
+                    # Still busy past its predicted end: it cannot start anything within a
+                    # tick.
+                    end = batch.dispatched_at + batch.predicted_seconds
+                    if busy_until > end:
+                        end = busy_until
+                    margin = spread * batch.predicted_seconds
+                    views.append(SlotView(replica_id, model, end, margin * margin))
         if first is None and len(views) > 1:
-            views.sort(key=_free_at)
+            views.sort(key=_FREE_AT)
         return views
 
     def _update_horizon(self, slots: int, views: list[SlotView], now: float) -> None:
@@ -803,7 +833,7 @@ class DeadlineBatcher(Generic[P]):
         if cfg.horizon_s is not None:
             self._horizon = cfg.horizon_s
             return
-        model = views[0].model
+        intercept, slope, factor = views[0].model.coefficients()
         rechoose = self._protected is None or (
             self._mix.added - self._protected_at >= _RECHOOSE_EVERY
             # Early on, while the window fills, re-choose as often as it doubles.
@@ -816,9 +846,9 @@ class DeadlineBatcher(Generic[P]):
             choice = choose_horizon(
                 window,
                 span,
-                intercept=model.intercept,
-                slope=model.slope,
-                spread_factor=model.upper_factor,
+                intercept=intercept,
+                slope=slope,
+                spread_factor=factor,
                 slots=slots,
             )
             self._protected = (choice.budget, choice.budget_token_rate, choice.stretch)
@@ -831,12 +861,7 @@ class DeadlineBatcher(Generic[P]):
             self._horizon = math.inf
             return
         self._horizon = stretch * protecting_horizon(
-            budget,
-            rate,
-            intercept=model.intercept,
-            slope=model.slope,
-            spread_factor=model.upper_factor,
-            slots=slots,
+            budget, rate, intercept=intercept, slope=slope, spread_factor=factor, slots=slots
         )
 
     def _balance_cap(self, replica: _Replica[P]) -> float:
@@ -845,12 +870,18 @@ class DeadlineBatcher(Generic[P]):
         can finish as soon as the fast replica would, instead of the whole queue at its own
         slow pace; the rest waits for the faster one. ``inf`` when ``replica`` is the fastest
         (or alone), so a single device is never affected."""
-        active = self._active()
-        if len(active) < 2:
-            return math.inf
         tokens = self._queued_tokens
+        fastest: float | None = None
+        active = 0
+        for other in self._replicas.values():
+            if not other.removed:
+                active += 1
+                predicted = other.model.predict(tokens)
+                if fastest is None or predicted < fastest:
+                    fastest = predicted
+        if active < 2 or fastest is None:
+            return math.inf
         own = replica.model.predict(tokens)
-        fastest = min(r.model.predict(tokens) for r in active)
         return math.inf if own <= fastest else fastest
 
     def _replan(
@@ -876,7 +907,7 @@ class DeadlineBatcher(Generic[P]):
             (self._int, self._bulk),
             views,
             now=now,
-            horizon=min(self._horizon, horizon_cap),
+            horizon=horizon_cap if horizon_cap < self._horizon else self._horizon,
             max_items=cfg.max_batch_items,
             max_tokens=cfg.max_batch_tokens,
             objective=cfg.objective,
@@ -894,6 +925,7 @@ class DeadlineBatcher(Generic[P]):
         self._plan = plan
         self._plan_slots = views
         self._since_replan = 0
+        self._planned_at = now
         self._hopeless_at = self._hopeless_time(plan, views)
         return plan
 
@@ -906,14 +938,15 @@ class DeadlineBatcher(Generic[P]):
         """
         hopeless = plan.earliest_hopeless
         if self._free_total == 0:
-            ends = [
-                b.dispatched_at + b.predicted_upper_seconds
-                for r in self._replicas.values()
-                if not r.removed
-                for b in r.in_flight.values()
-            ]
-            if ends:
-                hopeless = max(hopeless, min(ends))
+            first_end: float | None = None
+            for replica in self._replicas.values():
+                if not replica.removed:
+                    for b in replica.in_flight.values():
+                        end = b.dispatched_at + b.predicted_upper_seconds
+                        if first_end is None or end < first_end:
+                            first_end = end
+            if first_end is not None and first_end > hopeless:
+                hopeless = first_end
         return hopeless
 
     def _replan_without_replicas(self, now: float) -> Plan[P]:
@@ -929,9 +962,7 @@ class DeadlineBatcher(Generic[P]):
         return plan
 
 
-def _free_at(view: SlotView) -> float:
-    return view.free_at
-
-
-def _tokens(item: BatchItem[P]) -> int:
-    return item.tokens
+# Sort and min/max keys, evaluated in C.
+_FREE_AT = attrgetter("free_at")
+_ARRIVAL = attrgetter("arrival")
+_TOKENS = attrgetter("tokens")

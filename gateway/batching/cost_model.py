@@ -168,6 +168,10 @@ class OnlineCostModel:
         """``upper(t) / predict(t)``: 1 + ``spread_z`` × the RMS relative residual."""
         return self._upper_factor
 
+    def coefficients(self) -> tuple[float, float, float]:
+        """``(intercept, slope, upper_factor)`` in one call, for paths that need all three."""
+        return self._intercept, self._slope, self._upper_factor
+
     @property
     def relative_spread(self) -> float:
         """Root-mean-square relative error of recent predictions."""

@@ -13,6 +13,10 @@ arrival, tokens, arrival time):
 
 Why a window rather than configured SLOs: the gateway serves whatever deadlines callers send,
 and the mix changes.
+
+Cost: both are recorded on every request, so recording is O(1) and allocation-light. The
+horizon choice reads only the raw window (``ArrivalWindow``: one bounded deque append); the
+per-class token table behind the overtaking rates is kept by ``ArrivalMix`` alone.
 """
 
 from __future__ import annotations
@@ -31,6 +35,32 @@ _MIN_SAMPLE = 32
 
 
 _PER_LOG = 1.0 / _CLASS_RATIO
+
+
+class ArrivalWindow:
+    """The last ``window`` arrivals as ``(relative deadline, tokens, arrival)``, nothing derived."""
+
+    __slots__ = ("_order", "added")
+
+    def __init__(self, window: int = 1024) -> None:
+        if window < 1:
+            raise ValueError("window must hold at least one arrival")
+        # A bounded deque drops the oldest arrival as each new one is appended.
+        self._order: deque[tuple[float, int, float]] = deque(maxlen=window)
+        self.added = 0  # arrivals ever recorded (a cheap change counter for callers)
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def add(self, relative_deadline: float, tokens: int, arrival: float) -> None:
+        self._order.append((relative_deadline, tokens, arrival))
+        self.added += 1
+
+    def window(self, now: float) -> tuple[list[tuple[float, int]], float]:
+        """The recorded ``(relative deadline, tokens)`` pairs and the seconds they span."""
+        order = self._order
+        span = now - order[0][2] if order else 0.0
+        return [(r, t) for r, t, _at in order], span
 
 
 class ArrivalMix:
@@ -52,19 +82,23 @@ class ArrivalMix:
         return len(self._order)
 
     def add(self, relative_deadline: float, tokens: int, arrival: float) -> None:
-        cls = math.floor(math.log(max(relative_deadline, 1e-6)) * _PER_LOG)
-        if len(self._order) == self._window:
-            _old_r, old_tokens, _old_at, old_cls = self._order.popleft()
-            left = self._class_tokens[old_cls] - old_tokens
+        # The class: floor(log(max(relative_deadline, 1e-6)) / log 1.1), max() spelled out.
+        r = 1e-6 if relative_deadline < 1e-6 else relative_deadline
+        cls = math.floor(math.log(r) * _PER_LOG)
+        order = self._order
+        class_tokens = self._class_tokens
+        if len(order) == self._window:
+            _old_r, old_tokens, _old_at, old_cls = order.popleft()
+            left = class_tokens[old_cls] - old_tokens
             if left:
-                self._class_tokens[old_cls] = left
+                class_tokens[old_cls] = left
             else:
-                del self._class_tokens[old_cls]
+                del class_tokens[old_cls]
                 self._table = None
-        self._order.append((relative_deadline, tokens, arrival, cls))
+        order.append((relative_deadline, tokens, arrival, cls))
         self.added += 1
-        known = self._class_tokens.get(cls)
-        self._class_tokens[cls] = (known or 0) + tokens
+        known = class_tokens.get(cls)
+        class_tokens[cls] = (known or 0) + tokens
         # Rates move slowly; refresh the table every few arrivals, or at once on a new class.
         self._since_table += 1
         if known is None or self._since_table >= _REFRESH_EVERY:

@@ -23,13 +23,19 @@ How:
   60 ms class on an 18 ms intercept device it costs so much capacity that serving the 500 ms
   class well (and 60 ms requests when there is slack) wins instead. No share threshold, no SLO
   configured: only the observed mix and the learned cost model.
+
+Cost: the choice is re-made once per window of arrivals, in two sorts of the window plus
+prefix sums (``O(n log n)``), not a pass over the window per candidate class.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import accumulate
+from operator import itemgetter
 
 # Candidate classes are considered from the tightest up; a mix with more distinct budgets than
 # this has its loosest ones folded into the last candidate.
@@ -38,6 +44,9 @@ MAX_CANDIDATES = 6
 MIN_SAMPLE = 32
 # Partial protection of the tightest class: horizons this many times the protecting one.
 _STRETCHES = (1.5, 2.0)
+# Keys of a ``(relative deadline, tokens)`` pair.
+_BUDGET = itemgetter(0)
+_TOKENS = itemgetter(1)
 
 
 def protecting_horizon(
@@ -50,11 +59,11 @@ def protecting_horizon(
     slots: int,
 ) -> float:
     """The longest batch after which a ``tight``-budget arrival can still ride the next one."""
-    k = max(1, slots)
+    k = slots if slots > 1 else 1
     even = tight * k / (k + 1)
     room = k * (tight - spread_factor * intercept)
     full = room / (1.0 + spread_factor * slope * tight_token_rate)
-    return max(even, full)
+    return full if full > even else even
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +83,16 @@ def deadline_classes(budgets: Sequence[float]) -> list[tuple[float, float]]:
     """Groups relative deadlines into classes ``(tightest, loosest)``: budgets within 10 % of a
     class's tightest member belong to it (so float noise in ``deadline − now`` does not split a
     class)."""
+    ordered = sorted(budgets)
     classes: list[tuple[float, float]] = []
-    for r in sorted(budgets):
-        if classes and r <= classes[-1][0] * 1.1:
-            classes[-1] = (classes[-1][0], r)
-        else:
-            classes.append((r, r))
+    i, n = 0, len(ordered)
+    while i < n:
+        tightest = ordered[i]
+        # The class runs up to the last budget within 10 % of its tightest (at least that one
+        # itself: a negative budget is less than its own 110 %).
+        end = max(i + 1, bisect.bisect_right(ordered, tightest * 1.1, i))
+        classes.append((tightest, ordered[end - 1]))
+        i = end
     return classes
 
 
@@ -96,22 +109,25 @@ def choose_horizon(
 
     Returns a :class:`HorizonChoice`; ``span_s`` is how long the window took to arrive.
     """
-    if len(window) < MIN_SAMPLE or span_s <= 0.0:
+    if len(window) < MIN_SAMPLE or span_s <= 0.0 or slope <= 0.0:
         return HorizonChoice(math.inf, math.inf, 0.0, math.inf)
-    classes = deadline_classes([r for r, _t in window])
+    # Tokens are integers, so running sums of them are exact in any order: each class's work
+    # rate is a prefix sum over the window sorted by budget (one sort, not a pass per class).
+    by_budget = sorted(window, key=_BUDGET)
+    budgets = list(map(_BUDGET, by_budget))
+    work_within = list(accumulate(map(_TOKENS, by_budget), initial=0))
+    classes = deadline_classes(budgets)
     if len(classes) > MAX_CANDIDATES:
         # Keep the tightest candidates (where the choice matters) and the loosest class.
         classes = [*classes[: MAX_CANDIDATES - 1], classes[-1]]
-    by_size = sorted(window, key=lambda rt: rt[1])
+    by_size = sorted(window, key=_TOKENS)  # stable: equal sizes keep arrival order
     best = (-1.0, HorizonChoice(math.inf, math.inf, 0.0, math.inf))
     k = max(1, slots)
     f = spread_factor
     fa = f * intercept
-    if slope <= 0.0:
-        return HorizonChoice(math.inf, math.inf, 0.0, math.inf)
     candidates: list[tuple[float, float, float, float, float]] = []
     for index, (tightest, loosest) in enumerate(classes):
-        tight_rate = sum(t for r, t in window if r <= loosest) / span_s
+        tight_rate = work_within[bisect.bisect_right(budgets, loosest)] / span_s
         horizon = protecting_horizon(
             tightest,
             tight_rate,
@@ -131,24 +147,34 @@ def choose_horizon(
             looser = classes[1][0]
             for stretch in _STRETCHES:
                 candidates.append((tightest, tight_rate, stretch, looser, stretch * horizon))
+    # Candidates share their split of the window (several protect from the same class).
+    splits: dict[float, tuple[list[int], list[tuple[float, int]], list[float]]] = {}
     for budget, rate, stretch, servable_from, batch_average in candidates:
         if batch_average <= fa:
             continue
+        split = splits.get(servable_from)
+        if split is None:
+            # In size order: what this horizon protects, and the tighter rest (see
+            # ``_opportunistic``); ``fill[i]`` is the work of the i smallest protected ones,
+            # summed one by one as a greedy fill would.
+            if servable_from <= budgets[0]:  # the tightest class: everything is protected
+                servable = list(map(_TOKENS, by_size))
+                tighter = []
+            else:
+                servable = [t for r, t in by_size if r >= servable_from]
+                tighter = [(r, t) for r, t in by_size if r < servable_from]
+            fill = list(accumulate(servable, initial=0.0))
+            splits[servable_from] = split = (servable, tighter, fill)
+        servable, tighter, fill = split
         capacity = k * (1.0 - fa / batch_average) / (f * slope)
         budget_tokens = capacity * span_s
-        served = 0.0
-        used = 0.0
-        cut = math.inf
-        for r, t in by_size:
-            if r < servable_from:
-                continue  # tighter than what this horizon protects: see below
-            if used + t > budget_tokens:
-                cut = float(t)
-                break
-            used += t
-            served += 1.0
+        # Serve the smallest first until the next one no longer fits (``fill`` increases).
+        fits = bisect.bisect_right(fill, budget_tokens, 1) - 1
+        used = fill[fits]
+        cut = float(servable[fits]) if fits < len(servable) else math.inf
+        served = float(fits)
         served += _opportunistic(
-            by_size, servable_from, used, budget_tokens, span_s, fa, f, slope, k
+            tighter, servable_from, used, budget_tokens, span_s, fa, f, slope, k
         )
         horizon = stretch * protecting_horizon(
             budget, rate, intercept=intercept, slope=slope, spread_factor=f, slots=slots
@@ -176,7 +202,8 @@ def _opportunistic(
     the batch already running when it arrives ends soon enough: with batches cycling every
     ``d = f·a / (1 − load)`` seconds, a share ``(r − c)/d`` of arrivals with budget ``r`` whose
     own batch costs ``c``. Counted at half that share (serving them adds load and shortens the
-    cycle's batches), and only within the capacity left over.
+    cycle's batches), and only within the capacity left over. ``by_size`` may hold only the
+    tighter requests (the rest are skipped anyway).
     """
     load = used * f * slope / (span_s * slots)
     if load >= 1.0:
@@ -187,14 +214,21 @@ def _opportunistic(
         # request fits in a batch of its own.
         cycle = math.ulp(1.0)
     served = 0.0
+    fb = f * slope
     for r, t in by_size:
         if r >= protected:
             continue
-        share = 0.5 * min(1.0, max(0.0, (r - (fa + f * slope * t)) / cycle))
+        # Half of the share (r − c)/cycle clamped to [0, 1], comparisons written out (this
+        # runs for every tighter request of every candidate).
+        share = (r - (fa + fb * t)) / cycle
+        if not share > 0.0:
+            continue
+        share = 0.5 * share if share < 1.0 else 0.5
         if share <= 0.0:
             continue
-        if used + share * t > budget_tokens:
+        work = share * t
+        if used + work > budget_tokens:
             break
-        used += share * t
+        used += work
         served += share
     return served

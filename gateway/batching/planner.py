@@ -36,7 +36,9 @@ Why this shape:
   full spread. A late request is worse than a shed one: it burns device time and still fails.
 
 Cost: one pass over the queue, plus ``O(n)`` per drop (finding the victim), and the caller
-reuses the result between dispatches. The planner is a pure function of its inputs.
+reuses the result between dispatches. The pass runs on every dispatch and every few
+admissions, so a request that simply joins the open batch takes a short fast path. The planner
+is a pure function of its inputs.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ import bisect
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import chain
 from typing import Generic
 
 from gateway.batching.cost_model import OnlineCostModel
@@ -95,8 +98,11 @@ class Plan(Generic[P]):
     earliest_hopeless: float
 
 
+_BULK = Lane.BULK  # bound once: an Enum member lookup is a descriptor call on Python 3.11
+
+
 def _is_shed_first(item: BatchItem[P]) -> bool:
-    return item.lane is Lane.BULK and not item.promoted
+    return item.lane is _BULK and not item.promoted
 
 
 def plan_batches(
@@ -132,25 +138,33 @@ def plan_batches(
     k = len(slots)
     if k == 0:
         raise ValueError("planning needs at least one slot")
-    free = [max(now, s.free_at) for s in slots]
-    var = [s.variance for s in slots]
-    models = [s.model for s in slots]
-    intercepts = [m.intercept for m in models]
-    slopes = [m.slope for m in models]
-    # Device-seconds per overtaking token on each slot (see ``overtake_slope``).
-    o_slopes = [overtake_slope(m.intercept, m.slope, horizon, k) for m in models]
-    spreads = [m.upper_factor - 1.0 for m in models]
+    # Per-slot state and prices, read from the views once (one pass: this runs on every
+    # dispatch and every few admissions).
+    free: list[float] = []
+    var: list[float] = []
+    intercepts: list[float] = []
+    slopes: list[float] = []
+    o_slopes: list[float] = []  # device-seconds per overtaking token (``overtake_slope``)
+    spreads: list[float] = []
+    for view in slots:
+        a, b, factor = view.model.coefficients()
+        at = view.free_at
+        free.append(at if at > now else now)
+        var.append(view.variance)
+        intercepts.append(a)
+        slopes.append(b)
+        o_slopes.append(overtake_slope(a, b, horizon, k))
+        spreads.append(factor - 1.0)
     earliest_start = min(free)
     # "Hopeless" is judged on the slot that would serve the item soonest and cheapest.
-    h_a, h_b, h_f = intercepts[0], slopes[0], models[0].upper_factor
+    h_a, h_b, h_f = slots[0].model.coefficients()
     sqrt = math.sqrt
+    inf = math.inf
     bounds, rates = overtaking
     requests_objective = objective is Objective.ON_TIME_REQUESTS
 
     batches: list[PlannedBatch[P]] = []
     drops: list[tuple[BatchItem[P], DropReason, float]] = []
-    placed: list[BatchItem[P]] = []  # every item currently in the plan, in plan order
-    placed_in: list[PlannedBatch[P]] = []  # ... and the batch each one is in
     has_bulk = False
     first_full = False
     earliest_hopeless = math.inf
@@ -162,29 +176,55 @@ def plan_batches(
     c_start = c_var0 = c_cost = c_up = c_md = c_delay = c_last_d = 0.0
     c_tokens = c_n = c_rank = 0
     c_items: list[BatchItem[P]] = []
+    # Whether another slot was idle when the open batch opened. ``free`` only changes while no
+    # batch is open, so this stays true to it, and the per-request idle-slot check is skipped
+    # when no slot could pass it (always, under load).
+    c_idle = False
 
     shed_opportunistic = opportunistic_below > 0.0 and not allow_risk
     c_opp = math.inf  # earliest deadline among the open batch's opportunistic members
+    # A batch is open and neither opportunistic members nor idle slots are in play: a request
+    # whose deadline binds nothing new joins on the growth check alone (see the fast path).
+    fast = False
     for rank, lane in enumerate(lanes):
         for x in lane:
             w = x.tokens
             d = x.deadline
+            if fast and d >= c_md:
+                # Fast path for the common case: x's deadline binds nothing new, so only the
+                # batch's growth decides. Exactly the join the general path below would make
+                # (with md = c_md, delay = c_delay); anything else falls through to it.
+                nt = c_tokens + w
+                c = cur_a + cur_b * nt
+                m = cur_q * c
+                up = c_start + c + sqrt(c_var0 + m * m) + c_delay
+                if c <= horizon and c_n < max_items and nt <= max_tokens and up <= c_md:
+                    c_items.append(x)
+                    c_tokens = nt
+                    c_cost = c
+                    c_up = up
+                    c_n += 1
+                    c_rank = rank
+                    c_last_d = d
+                    if rank > 0 and not x.promoted:
+                        has_bulk = True
+                    hopeless = d - (h_a + h_b * w) * h_f
+                    if hopeless < earliest_hopeless:
+                        earliest_hopeless = hopeless
+                    continue
             # When x stops being servable even alone (counted only if x stays in the plan).
             hopeless = d - (h_a + h_b * w) * h_f
             opportunistic = shed_opportunistic and d - x.arrival < opportunistic_below
-            if cur is not None and not opportunistic and c_opp < math.inf:
+            if cur is not None and not opportunistic and c_opp < inf:
                 # Would growing this batch make its opportunistic members late? Then they go.
                 nt = c_tokens + w
                 c = cur_a + cur_b * nt
                 m = cur_q * c
                 if c_start + c + sqrt(c_var0 + m * m) + c_delay > c_opp and c <= horizon:
-                    c_opp = math.inf
+                    c_opp = inf
                     for member in list(c_items):
                         if member.deadline - member.arrival < opportunistic_below:
                             c_items.remove(member)
-                            idx = placed.index(member)
-                            del placed[idx]
-                            del placed_in[idx]
                             c_tokens -= member.tokens
                             c_n -= 1
                             drops.append((member, DropReason.SHED_FOR_GOODPUT, c_up))
@@ -200,7 +240,7 @@ def plan_batches(
                     and c_n < max_items
                     and nt <= max_tokens
                     and not (
-                        k > 1
+                        c_idle
                         and _idle_slot_sooner(
                             free, cur.slot, now, c_start + c, w, intercepts, slopes
                         )
@@ -233,8 +273,6 @@ def plan_batches(
                         c_n += 1
                         c_rank = rank
                         c_last_d = d
-                        placed.append(x)
-                        placed_in.append(cur)
                         if rank > 0 and not x.promoted:
                             has_bulk = True
                         if hopeless < earliest_hopeless:
@@ -257,10 +295,14 @@ def plan_batches(
                 m = cur_q * c_cost
                 var[s] = c_var0 + m * m
                 cur = None
+                fast = False
 
             # Open a new batch for x, dropping work (Moore–Hodgson) while x would be late.
             while True:
-                s = 0 if k == 1 else min(range(k), key=free.__getitem__)
+                s = 0  # the slot that frees first (the lowest on a tie)
+                for i in range(1, k):
+                    if free[i] < free[s]:
+                        s = i
                 start = free[s]
                 c = intercepts[s] + slopes[s] * w
                 m = spreads[s] * c
@@ -272,13 +314,13 @@ def plan_batches(
                 up = start + c + sqrt(var[s] + m * m) + delay
                 if up <= d or (allow_risk and start + c + delay <= d) or opportunistic:
                     break
+                # Everything placed so far, in plan order: the batches' items, concatenated
+                # (built only here, where a victim is needed, rather than kept per request).
+                placed = list(chain.from_iterable(pb.items for pb in batches))
                 victim = _choose_victim(placed, x, up - d, slopes[s], requests_objective, has_bulk)
                 if victim is x:
                     break
-                idx = placed.index(victim)
-                vb = placed_in[idx]
-                del placed[idx]
-                del placed_in[idx]
+                vb = next(pb for pb in batches if victim in pb.items)
                 reason = _reason(victim, earliest_start, h_a, h_b, h_f)
                 drops.append((victim, reason, vb.upper_end))
                 vb.items.remove(victim)
@@ -297,13 +339,17 @@ def plan_batches(
             cur = PlannedBatch(s, start, var[s], c_items, w, c, up, d, (rank, d))
             cur_a, cur_b, cur_q, cur_o = intercepts[s], slopes[s], spreads[s], o_slopes[s]
             c_start, c_var0, c_cost, c_up, c_md, c_delay = start, var[s], c, up, d, delay
-            c_opp = math.inf
+            c_opp = inf
             if opportunistic:
-                c_md, c_opp = math.inf, d
+                c_md, c_opp = inf, d
+            c_idle = False  # is another slot idle (see ``_idle_slot_sooner``)?
+            for i in range(k):
+                if i != s and free[i] <= now:
+                    c_idle = True
+                    break
+            fast = not shed_opportunistic and not c_idle
             c_tokens, c_n, c_rank, c_last_d = w, 1, rank, d
             batches.append(cur)
-            placed.append(x)
-            placed_in.append(cur)
             if hopeless < earliest_hopeless:
                 earliest_hopeless = hopeless
             if rank > 0 and not x.promoted:
@@ -352,8 +398,10 @@ def overtake_slope(intercept: float, slope: float, horizon: float, slots: int) -
     """
     factor = 1.0
     if math.isfinite(horizon) and horizon > intercept:
-        factor = min(3.0, horizon / (horizon - intercept))
-    return slope * factor / max(1, slots)
+        factor = horizon / (horizon - intercept)
+        if not factor < 3.0:
+            factor = 3.0
+    return slope * factor / (slots if slots > 1 else 1)
 
 
 def overtake_delay(

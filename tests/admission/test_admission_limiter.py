@@ -93,6 +93,26 @@ def test_backs_off_when_latency_doubles() -> None:
     assert min(after) <= 0.6 * before
 
 
+def test_queue_slack_ignores_a_few_milliseconds_but_not_real_queueing() -> None:
+    # A 2 ms fleet whose latency triples to 6 ms: a queue by the ratio, not worth refusing for.
+    cfg = GradientLimiterConfig(
+        initial_limit=10.0, min_limit=4.0, max_limit=500.0, queue_slack_s=0.025
+    )
+    lim = GradientLimiter(cfg, now=0.0)
+    t, history = drive(lim, 20, latency=0.002, demand=100)
+    before = history[-1]
+    t, after = drive(lim, 5, latency=0.006, demand=100, start=t)
+    assert min(after) >= before
+    # The same tripling on a 50 ms fleet is a queue, slack or not.
+    lim = GradientLimiter(cfg, now=0.0)
+    t, history = drive(lim, 20, latency=0.05, demand=100)
+    before = history[-1]
+    t, after = drive(lim, 3, latency=0.15, demand=100, start=t)
+    assert min(after) <= 0.6 * before
+    with pytest.raises(ValueError, match="queue_slack_s"):
+        GradientLimiterConfig(queue_slack_s=-1.0)
+
+
 def test_settles_near_capacity_of_a_queueing_server() -> None:
     """Latency grows with concurrency past 50 slots: the limit settles in a band near 50."""
     lim = GradientLimiter(CFG, now=0.0)

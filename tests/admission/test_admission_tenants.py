@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -79,6 +80,29 @@ def test_authenticate_compares_every_digest_without_early_exit(
         # The presented key was hashed, never compared in the clear.
         assert all(a == hashlib.sha256(key.encode()).digest() for a, _ in calls)
     assert reg.authenticate("k0") == reg.get("t0")
+
+
+def test_a_key_seen_recently_is_not_hashed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    reg = TenantRegistry.demo()
+    assert reg.authenticate("demo-key-premium") == reg.get("premium")
+    assert reg.authenticate("nobody") is None
+    hashed: list[bytes] = []
+    real = hashlib.sha256
+
+    def counting(data: bytes) -> Any:
+        hashed.append(data)
+        return real(data)
+
+    monkeypatch.setattr(hashlib, "sha256", counting)
+    assert reg.authenticate("demo-key-premium") == reg.get("premium")
+    assert reg.authenticate("nobody") is None  # a refusal is remembered too
+    assert hashed == []
+    # Bounded: past the limit the memory starts over instead of growing.
+    monkeypatch.setattr(tenants_mod, "_RECENT_KEYS", 3)
+    for i in range(10):
+        reg.authenticate(f"guess-{i}")
+    assert len(reg._recent) <= 3
+    assert reg.authenticate("demo-key-premium") == reg.get("premium")
 
 
 def test_from_mapping_defaults_and_normalises() -> None:

@@ -91,6 +91,8 @@ def test_stack_prints_how_to_call_it_and_loadtest_drives_it(tmp_path: Path) -> N
         assert result["success_rate"] == 1.0, result["outcomes"]
         assert result["versions"] == {"v1": result["requests"]}  # no rollout: stable only
         assert result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
+        # The stack's devices take real time, so the added latency is a strict part of it.
+        assert 0.0 < result["added_p50_ms"] < result["p50_ms"]
         assert result["mean_batch_size"] >= 1.0
         assert result["gateway_cpu_ms_per_request"] is not None
     finally:
