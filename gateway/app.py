@@ -154,14 +154,21 @@ class InferServicer(infer_pb2_grpc.InferServiceServicer):
             await abort(context, err)
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
             await abort(context, internal_error("Infer failed before admission", exc))
+        pending = admitted.pending
+        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+
+        def wake(_: PendingRequest) -> None:
+            if not answered.done():
+                answered.set_result(None)
+
+        pending.when_answered(wake)
         try:
-            await admitted.pending.future
+            await answered
         except asyncio.CancelledError:
             # The client went away (or its gRPC deadline passed): free everything, no sample.
+            pending.cancel()
             app.settle_cancelled(admitted)
             raise
-        except Exception:  # settled below from the future
-            pass
         answer = app.settle(admitted)
         if isinstance(answer, RichError):
             await abort(context, answer)
@@ -191,12 +198,12 @@ class RawInferAdapter:
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
             _fail(call, internal_error("Infer failed before admission", exc))
             return
-        future = admitted.pending.future
-        # Cancelling the future takes the request out of its batch and settles it below.
-        call.on_cancel = future.cancel
+        pending = admitted.pending
+        # A cancelled request is skipped by its batch and settled below.
+        call.on_cancel = pending.cancel
 
-        def answer(_: object) -> None:
-            if future.cancelled():
+        def answer(_: PendingRequest) -> None:
+            if pending.cancelled:
                 app.settle_cancelled(admitted)
                 return
             outcome = app.settle(admitted)
@@ -205,7 +212,7 @@ class RawInferAdapter:
             else:
                 call.reply(outcome.SerializeToString())
 
-        future.add_done_callback(answer)
+        pending.when_answered(answer)
 
 
 def _fail(call: RawCall, err: RichError) -> None:
@@ -435,8 +442,8 @@ class GatewayApp:
         """Authenticate, validate, pick the version, admit, and queue the request.
 
         Raises the typed rejection (already counted) when the request goes no further; else
-        the request's future is answered by its dispatcher, or by the answer guard if a bug
-        or a lost worker reply leaves it unanswered past its deadline.
+        the request is answered by its dispatcher, or by the answer guard if a bug or a lost
+        worker reply leaves it unanswered past its deadline.
         """
         metrics = self.metrics
         try:
@@ -506,7 +513,6 @@ class GatewayApp:
             valid=valid,
             received_at=now,
             deadline=now + valid.timeout_s,
-            future=loop.create_future(),
             span_context=span_context,
         )
         if self._guard is None:
@@ -527,7 +533,7 @@ class GatewayApp:
         self._inflight -= 1
         valid = pending.valid
         now = pending.received_at
-        exc = pending.future.exception()
+        exc = pending.error
         if exc is not None:
             err = exc if isinstance(exc, RichError) else internal_error("Infer failed", exc)
             outcome = (
@@ -544,7 +550,8 @@ class GatewayApp:
             admitted.span.set_status(trace.StatusCode.ERROR, err.message)
             admitted.span.end()
             return err
-        result = pending.future.result()
+        result = pending.result
+        assert result is not None  # answered without an error
         done = self.clock.now()
         total = done - now
         self.admission.finish(admitted.ticket, AdmissionOutcome.SUCCESS, total, done)

@@ -99,29 +99,62 @@ class InferResult:
 
 @dataclass(slots=True, eq=False)
 class PendingRequest:
-    """A request from admission until it is answered; the batcher's payload."""
+    """A request from admission until it is answered; the batcher's payload.
+
+    It is answered exactly once — a result, a typed error, or cancelled when the client left
+    first — and whoever waits for it (:meth:`when_answered`) is called back synchronously, from
+    the code that answered it: no future, no task and no extra loop turn per request.
+    """
 
     request_id: str
     valid: ValidRequest
     received_at: float
     deadline: float
-    future: asyncio.Future[InferResult]
     span_context: trace.SpanContext | None = None
     attempts: int = 0
     # Replicas this request's batch already failed on: its retry goes elsewhere if it can.
     avoid: frozenset[str] = frozenset()
-
-    @property
-    def answered(self) -> bool:
-        return self.future.done()
+    answered: bool = False
+    cancelled: bool = False
+    result: InferResult | None = None
+    error: BaseException | None = None
+    _waiter: Callable[[PendingRequest], None] | None = None
 
     def answer(self, result: InferResult) -> None:
-        if not self.future.done():
-            self.future.set_result(result)
+        if not self.answered:
+            self.answered = True
+            self.result = result
+            self._notify()
 
-    def reject(self, err: RichError) -> None:
-        if not self.future.done():
-            self.future.set_exception(err)
+    def reject(self, err: BaseException) -> None:
+        if not self.answered:
+            self.answered = True
+            self.error = err
+            self._notify()
+
+    def cancel(self) -> None:
+        """The client went away: whatever is still to come for it is dropped."""
+        if not self.answered:
+            self.answered = True
+            self.cancelled = True
+            self._notify()
+
+    def when_answered(self, waiter: Callable[[PendingRequest], None]) -> None:
+        """Call ``waiter`` once answered (now, if it already is)."""
+        if self.answered:
+            waiter(self)
+        else:
+            self._waiter = waiter
+
+    def _notify(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is None:
+            return
+        try:
+            waiter(self)
+        except Exception:
+            # The answering code (a batch's delivery loop) must go on to the next request.
+            log.exception("answering a request failed", extra={"request_id": self.request_id})
 
 
 def rejection_error(rejected: Rejected | Dropped[PendingRequest], now: float) -> RichError:
@@ -590,7 +623,7 @@ class VersionDispatcher:
         items = self.batcher.fail(batch, requeue=False)
         for item in items:
             pending = item.payload
-            if pending.future.done():
+            if pending.answered:
                 continue
             if not busy:
                 pending.attempts += 1
@@ -678,7 +711,7 @@ class VersionDispatcher:
         answered = len(items)
         for flight in list(self._flights.values()):
             for pending in flight.batch.payloads:
-                if not pending.future.done():
+                if not pending.answered:
                     pending.reject(err)
                     answered += 1
             for call in flight.calls.values():

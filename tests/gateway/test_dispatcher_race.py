@@ -4,8 +4,6 @@ its cancellation landed used to complete the batch a second time)."""
 
 from __future__ import annotations
 
-import asyncio
-
 from opentelemetry import trace
 
 from common.clock import ManualClock
@@ -45,7 +43,6 @@ async def test_a_late_success_after_the_race_is_won_changes_nothing() -> None:
         valid=ValidRequest("m", "hi", 1, 9, "", 0, False, 5.0),
         received_at=clock.now(),
         deadline=clock.now() + 5.0,
-        future=asyncio.get_running_loop().create_future(),
     )
     batcher.submit(pending, tokens=10, deadline=pending.deadline)
     primary = router.pick(clock.now())
@@ -65,6 +62,6 @@ async def test_a_late_success_after_the_race_is_won_changes_nothing() -> None:
     dispatcher._settle(flight, hedge, answer, None)  # finished before its cancellation
 
     assert batches == [(primary.replica_id, True)]  # one batch, completed once
-    assert pending.future.result().output == "done"
+    assert pending.result is not None and pending.result.output == "done"
     assert primary.released and hedge.released
     assert batcher.free_replicas() == ["a", "b"]
