@@ -25,9 +25,10 @@ _PRIORITIES = frozenset(infer_pb2.Priority.values())
 _LANES = frozenset(infer_pb2.Lane.values())
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ValidRequest:
-    """An Infer request that passed validation, with its derived costs."""
+    """An Infer request that passed validation, with its derived costs. Treated as immutable
+    (not frozen: a frozen dataclass costs ~1 µs more to build, once per request)."""
 
     model: str
     input: str
@@ -86,7 +87,7 @@ def validate(
     return ValidRequest(
         model=req.model,
         input=req.input,
-        input_tokens=count_input_tokens(req.input),
+        input_tokens=max(1, -(-size // BYTES_PER_TOKEN)),  # count_input_tokens, bytes known
         max_output_tokens=out,
         session_key=req.session_key,
         priority=req.priority,
