@@ -27,7 +27,9 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter
+
+from common.buffered_metrics import LoopHistogram
 
 __all__ = [
     "LATENCY_BUCKETS",
@@ -115,7 +117,8 @@ class _CallMetrics:
             (*labels, "grpc_code"),
             registry=registry,
         )
-        self.seconds = Histogram(
+        # Written only on the event loop (interceptors and hot-path recorders alike).
+        self.seconds = LoopHistogram(
             f"grpc_{side}_handling_seconds",
             f"RPC duration on the {side} until completion.",
             labels,

@@ -16,7 +16,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from common.buffered_metrics import BufferedCounter, ScrapeHooks
+from common.buffered_metrics import BufferedCounter, LoopHistogram, ScrapeHooks
 
 __all__ = ["REQUEST_OUTCOMES", "GatewayMetrics", "ReplicaSample"]
 
@@ -146,7 +146,7 @@ class GatewayMetrics:
             "result",
             HEDGE_RESULTS,
         )
-        self.latency = Histogram(
+        self.latency = LoopHistogram(  # observed once per request, on the event loop
             "halcyon_gateway_request_seconds",
             "Latency of successful Infer calls, receipt to answer.",
             buckets=_LATENCY_BUCKETS,

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import threading
 
-from prometheus_client import CollectorRegistry, Counter
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from common.buffered_metrics import BufferedCounter, ScrapeHooks
+from common.buffered_metrics import BufferedCounter, LoopHistogram, ScrapeHooks
 
 
 def registry_with(counter_name: str) -> tuple[CollectorRegistry, BufferedCounter]:
@@ -53,3 +56,27 @@ def test_registering_hooks_collects_nothing() -> None:
     CollectorRegistry().register(hooks)
     assert calls == []
     assert hooks.collect() == [] and calls == [1]
+
+
+@given(st.lists(st.floats(0.0, 100.0, allow_nan=False), max_size=60))
+def test_loop_histogram_exposes_what_a_prometheus_histogram_would(values: list[float]) -> None:
+    buckets = (0.001, 0.01, 0.1, 1.0, 10.0)
+    ours, theirs = CollectorRegistry(), CollectorRegistry()
+    mine = LoopHistogram("lat_seconds", "t", ["m"], buckets=buckets, registry=ours)
+    ref = Histogram("lat_seconds", "t", ["m"], buckets=buckets, registry=theirs)
+    for v in values:
+        mine.labels("x").observe(v)
+        ref.labels("x").observe(v)
+
+    def samples(registry: CollectorRegistry) -> dict[tuple[str, str], float]:
+        out = {}
+        for family in registry.collect():
+            for s in family.samples:
+                if not s.name.endswith("_created"):
+                    out[(s.name, s.labels.get("le", ""))] = s.value
+        return out
+
+    got, want = samples(ours), samples(theirs)
+    assert got.keys() == want.keys()
+    for key, value in want.items():
+        assert got[key] == pytest.approx(value), key
