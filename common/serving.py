@@ -216,7 +216,13 @@ class ServiceHost:
         if auth is not None:
             interceptors.append(AuthInterceptor(auth))
         self.server: grpc.aio.Server = grpc.aio.server(
-            interceptors=interceptors, options=[("grpc.so_reuseport", 0)]
+            interceptors=interceptors,
+            options=[
+                ("grpc.so_reuseport", 0),
+                # Measured on the gateway at ~4,000 Infer/s: 0.194-0.198 ms of CPU per request
+                # with it, 0.199-0.227 without, and no change to light-load latency.
+                ("grpc.optimization_target", "throughput"),
+            ],
         )
         self.health = HealthService()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
