@@ -317,12 +317,7 @@ class _ClientInterceptorBase:
                 code = await call.code()
             except asyncio.CancelledError:
                 code = grpc.StatusCode.CANCELLED
-            metrics.handled.labels(*labels, code_name(code)).inc()
-            metrics.seconds.labels(*labels).observe(time.perf_counter() - start)
-            if kind in (_UNARY, _SERVER_STREAM):
-                metrics.sent.labels(*labels).inc()
-            if kind in (_UNARY, _CLIENT_STREAM) and code == grpc.StatusCode.OK:
-                metrics.received.labels(*labels).inc()
+            _record_client_end(metrics, labels, code, start)
 
         def done(_: Any) -> None:
             task = asyncio.get_running_loop().create_task(record())
@@ -380,39 +375,39 @@ class _StreamStream(_ClientInterceptorBase, grpc.aio.StreamStreamClientIntercept
         return await self._timed(continuation, client_call_details, requests, _BIDI_STREAM)
 
 
+def _record_client_end(
+    metrics: GrpcClientMetrics, labels: tuple[str, str, str], code: grpc.StatusCode, start: float
+) -> None:
+    """A client call ended with ``code``: its status, duration and (unary sides) messages."""
+    kind = labels[2]
+    metrics.handled.labels(*labels, code_name(code)).inc()
+    metrics.seconds.labels(*labels).observe(time.perf_counter() - start)
+    if kind in (_UNARY, _SERVER_STREAM):
+        metrics.sent.labels(*labels).inc()
+    if kind in (_UNARY, _CLIENT_STREAM) and code == grpc.StatusCode.OK:
+        metrics.received.labels(*labels).inc()
+
+
 class UnaryClientRecorder:
     """``grpc_client_*`` for one unary method, recorded by the caller itself.
 
     For a hot call whose caller already sees its end (the gateway's ExecuteBatch): an aio
-    client interceptor costs three extra tasks per call. Same families and labels as the
-    interceptors.
+    client interceptor costs three extra tasks per call. Same families, labels and rules as
+    the interceptors.
     """
 
     def __init__(self, metrics: GrpcClientMetrics, method: str) -> None:
         service, name = split_method(method)
         self._labels = (service, name, _UNARY)
         self._metrics = metrics
-        self._started = metrics.started.labels(*self._labels)
-        self._sent = metrics.sent.labels(*self._labels)
-        self._received = metrics.received.labels(*self._labels)
-        self._seconds = metrics.seconds.labels(*self._labels)
-        self._handled: dict[grpc.StatusCode, Any] = {}
 
     def start(self) -> float:
         """Count a call started now; returns its start time for :meth:`finish`."""
-        self._started.inc()
+        self._metrics.started.labels(*self._labels).inc()
         return time.perf_counter()
 
     def finish(self, start: float, code: grpc.StatusCode) -> None:
-        handled = self._handled.get(code)
-        if handled is None:
-            handled = self._metrics.handled.labels(*self._labels, code_name(code))
-            self._handled[code] = handled
-        handled.inc()
-        self._seconds.observe(time.perf_counter() - start)
-        self._sent.inc()
-        if code == grpc.StatusCode.OK:
-            self._received.inc()
+        _record_client_end(self._metrics, self._labels, code, start)
 
 
 class ClientMetricsInterceptors:

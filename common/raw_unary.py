@@ -135,6 +135,10 @@ class RawCall:
         )
         self._endpoint._finish(self, self._call, ops, grpc.StatusCode.OK, sent=True)
 
+    def reject(self, err: RichError) -> None:
+        """Answer with a typed rejection and its rich details; dropped if ended."""
+        self.fail(err.code, err.message, err.trailing_metadata())
+
     def fail(self, code: grpc.StatusCode, details: str, trailers: Metadata = ()) -> None:
         """Answer with a status (and trailers, e.g. rich error details); dropped if ended."""
         if self._state >= _ANSWERED:
@@ -367,7 +371,7 @@ class RawUnaryEndpoint:
         if self.authorize is not None:
             refused = self.authorize(self.method, raw.metadata)
             if refused is not None:
-                raw.fail(refused.code, refused.message, refused.trailing_metadata())
+                raw.reject(refused)
                 return
         try:
             self._handler(raw)

@@ -25,13 +25,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import grpc
-from google.protobuf import duration_pb2
 from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
 from common.auth import bearer_metadata
 from common.clock import Clock, MonotonicClock
-from common.durations import to_duration
+from common.durations import set_duration, to_duration
 from common.errors import (
     Reason,
     RichError,
@@ -189,15 +188,15 @@ class RawInferAdapter:
         try:
             request = self._parse(call.request)
         except DecodeError:
-            _fail(call, invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
+            call.reject(invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
             return
         try:
             admitted = app.admit(request, call.metadata, call.time_remaining())
         except RichError as err:
-            _fail(call, err)
+            call.reject(err)
             return
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            _fail(call, internal_error("Infer failed before admission", exc))
+            call.reject(internal_error("Infer failed before admission", exc))
             return
         pending = admitted.pending
         # A cancelled request is skipped by its batch and settled below.
@@ -209,15 +208,11 @@ class RawInferAdapter:
                 return
             outcome = app.settle(admitted)
             if isinstance(outcome, RichError):
-                _fail(call, outcome)
+                call.reject(outcome)
             else:
                 call.reply(outcome.SerializeToString())
 
         pending.when_answered(answer)
-
-
-def _fail(call: RawCall, err: RichError) -> None:
-    call.fail(err.code, err.message, err.trailing_metadata())
 
 
 def internal_error(what: str, exc: BaseException) -> RichError:
@@ -696,11 +691,6 @@ def _outcome_label(err: RichError) -> str:
     return "upstream_failure"
 
 
-def _set_duration(d: duration_pb2.Duration, seconds: float) -> None:
-    # Non-negative here (intervals on one monotonic clock); common.durations handles any sign.
-    d.seconds, d.nanos = divmod(max(0, round(seconds * 1e9)), 1_000_000_000)
-
-
 def _response(
     pending: PendingRequest, version: str, result: InferResult, total: float
 ) -> infer_pb2.InferResponse:
@@ -713,12 +703,12 @@ def _response(
         hedged=result.hedged,
         request_id=pending.request_id,
     )
-    # Sub-messages filled in place, durations field by field: about a third of the cost of
-    # building them and copying them in (this runs once per request).
+    # Sub-messages filled in place: about a third of the cost of building them and copying
+    # them in (this runs once per request).
     timings = response.timings
-    _set_duration(timings.queued, result.dispatched_at - pending.received_at)
-    _set_duration(timings.execution, result.execution_s)
-    _set_duration(timings.total, total)
+    set_duration(timings.queued, result.dispatched_at - pending.received_at)
+    set_duration(timings.execution, result.execution_s)
+    set_duration(timings.total, total)
     batch = response.batch
     batch.size = result.batch_size
     batch.flush_reason = result.flush_reason  # type: ignore[assignment]

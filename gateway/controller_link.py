@@ -22,6 +22,7 @@ import grpc
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff
+from common.durations import set_duration
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 
 log = logging.getLogger("halcyon.gateway.controller_link")
@@ -149,13 +150,12 @@ class ControllerLink:
             inflight=inflight,
             cost_models=models,
         )
-        # One outcome per request: built in place (not built then copied in), with the
-        # latency's Duration filled field by field — the cheapest form for thousands a second.
+        # One outcome per request, built in place rather than built and copied in: the
+        # cheapest form for thousands a second.
         add = report.requests.add
         for model, version, replica_id, kind, latency_s in self._requests:
             outcome = add(model=model, version=version, replica_id=replica_id, kind=kind)
-            nanos = round(latency_s * 1e9)
-            outcome.latency.seconds, outcome.latency.nanos = divmod(nanos, 1_000_000_000)
+            set_duration(outcome.latency, latency_s)
         self._requests.clear()
         self._batches.clear()
         return report

@@ -101,17 +101,11 @@ class _ReplicaCollector(Collector):
         yield from (latency, inflight, intercept, per_token)
 
 
-def _registered_hooks(registry: CollectorRegistry) -> ScrapeHooks:
-    hooks = ScrapeHooks()
-    registry.register(hooks)
-    return hooks
-
-
 class GatewayMetrics:
     """``halcyon_gateway_*`` families, with children pre-bound for the hot path."""
 
-    def __init__(self, registry: CollectorRegistry, hooks: ScrapeHooks | None = None) -> None:
-        hooks = hooks or _registered_hooks(registry)
+    def __init__(self, registry: CollectorRegistry, hooks: ScrapeHooks) -> None:
+        """``hooks`` flush the buffered counters; registered in ``registry`` before this."""
 
         def labeled(
             name: str, doc: str, label: str, values: tuple[str, ...]

@@ -9,7 +9,6 @@ the unit the device cost model, the batcher and the quotas all use.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from common.errors import invalid_argument
@@ -46,7 +45,11 @@ class ValidRequest:
 
 def count_input_tokens(text: str) -> int:
     """A tokenizer-free estimate: about four bytes of UTF-8 per token, at least one."""
-    return max(1, math.ceil(len(text.encode()) / BYTES_PER_TOKEN))
+    return _tokens_for_bytes(len(text.encode()))
+
+
+def _tokens_for_bytes(size: int) -> int:
+    return max(1, -(-size // BYTES_PER_TOKEN))
 
 
 def validate(
@@ -87,7 +90,7 @@ def validate(
     return ValidRequest(
         model=req.model,
         input=req.input,
-        input_tokens=max(1, -(-size // BYTES_PER_TOKEN)),  # count_input_tokens, bytes known
+        input_tokens=_tokens_for_bytes(size),  # count_input_tokens, the size already known
         max_output_tokens=out,
         session_key=req.session_key,
         priority=req.priority,

@@ -171,8 +171,7 @@ class RawExecuteBatch:
         try:
             request = worker_pb2.ExecuteBatchRequest.FromString(call.request)
         except DecodeError:
-            err = invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest")
-            call.fail(err.code, err.message, err.trailing_metadata())
+            call.reject(invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest"))
             return
         task = asyncio.ensure_future(self._service.execute(request, call.metadata))
         self._running.add(task)
@@ -190,7 +189,7 @@ class RawExecuteBatch:
                 return
             outcome = done.result()
             if isinstance(outcome, RichError):
-                call.fail(outcome.code, outcome.message, outcome.trailing_metadata())
+                call.reject(outcome)
             else:
                 call.reply(outcome.SerializeToString())
 
