@@ -21,6 +21,7 @@ from common.serving import (
     add_serving_arguments,
     serving_options_from_args,
 )
+from common.thread_scheduling import add_helper_threads_argument, schedule_helper_threads
 from common.tracing import configure_tracing
 from gateway.admission import TenantRegistry
 from gateway.app import GatewayApp, GatewayConfig
@@ -97,6 +98,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(
         parser, default_listen="127.0.0.1:50051", default_metrics_listen="127.0.0.1:9451"
     )
+    add_helper_threads_argument(parser, default="batch")
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -146,9 +148,13 @@ def run(args: argparse.Namespace) -> int:
         _log.error("invalid gateway configuration", extra={"error": str(exc)})
         return 2
 
+    def after_start() -> None:
+        tune_for_serving()
+        schedule_helper_threads(args.helper_threads)
+
     async def main() -> None:
         # Built inside the loop: grpc.aio binds a server to the loop current at construction.
-        await GatewayApp(config).run_until_signal(after_start=tune_for_serving)
+        await GatewayApp(config).run_until_signal(after_start=after_start)
 
     try:
         asyncio.run(main())

@@ -28,6 +28,7 @@ from common.serving import (
     add_serving_arguments,
     serving_options_from_args,
 )
+from common.thread_scheduling import add_helper_threads_argument, schedule_helper_threads
 from common.tracing import configure_tracing
 from worker.app import WorkerApp, WorkerConfig
 
@@ -162,6 +163,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_serving_arguments(
         parser, default_listen="127.0.0.1:50060", default_metrics_listen="127.0.0.1:9460"
     )
+    add_helper_threads_argument(parser, default="normal")
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
@@ -212,9 +214,13 @@ def run(args: argparse.Namespace) -> int:
     configure_tracing("worker")
     config = config_from_args(args)
 
+    def after_start() -> None:
+        tune_for_serving()
+        schedule_helper_threads(args.helper_threads)
+
     async def main() -> None:
         # Built inside the loop: grpc.aio binds a server to the loop current at construction.
-        await WorkerApp(config).run_until_signal(after_start=tune_for_serving)
+        await WorkerApp(config).run_until_signal(after_start=after_start)
 
     try:
         asyncio.run(main())
