@@ -28,7 +28,11 @@ from common.serving import (
     add_serving_arguments,
     serving_options_from_args,
 )
-from common.thread_scheduling import add_helper_threads_argument, schedule_helper_threads
+from common.thread_scheduling import (
+    add_helper_threads_argument,
+    schedule_helper_threads,
+    tighten_timer_slack,
+)
 from common.tracing import configure_tracing
 from worker.app import WorkerApp, WorkerConfig
 
@@ -216,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
 
     def after_start() -> None:
         tune_for_serving()
+        tighten_timer_slack()
         schedule_helper_threads(args.helper_threads)
 
     async def main() -> None:

@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from common.thread_scheduling import HelperThreadScheduler, schedule_helper_threads
+from common.thread_scheduling import (
+    HelperThreadScheduler,
+    schedule_helper_threads,
+    tighten_timer_slack,
+)
 
 
 def _tasks(tmp_path: Path, *tids: int) -> Path:
@@ -145,3 +151,20 @@ def test_real_threads_become_batch_and_the_loop_thread_does_not() -> None:
         check=True,
     ).stdout.split()
     assert [int(x) for x in out] == [os.SCHED_BATCH, os.SCHED_OTHER]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl timer slack is Linux's")
+def test_timer_slack_is_set_for_the_calling_thread_only() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    get_slack = 30  # PR_GET_TIMERSLACK
+    before = libc.prctl(get_slack, 0, 0, 0, 0)
+    seen: list[tuple[bool, int]] = []
+
+    def in_a_thread() -> None:
+        seen.append((tighten_timer_slack(1234), libc.prctl(get_slack, 0, 0, 0, 0)))
+
+    thread = threading.Thread(target=in_a_thread)
+    thread.start()
+    thread.join()
+    assert seen == [(True, 1234)]
+    assert libc.prctl(get_slack, 0, 0, 0, 0) == before  # this thread is untouched

@@ -1,5 +1,5 @@
 """The gateway's helper threads run SCHED_BATCH, its event-loop thread does not; workers keep
-the default policy unless told otherwise."""
+the default policy unless told otherwise. Both run their loop thread with a 1 ns timer slack."""
 
 from __future__ import annotations
 
@@ -38,3 +38,9 @@ def test_grpc_io_threads_do_not_preempt_the_loop(fleet: Any) -> None:
     assert policies.get("event_engine") == {os.SCHED_BATCH}, policies
     for worker in fleet.workers.values():
         assert _policies(worker.pid).get("event_engine") == {os.SCHED_OTHER}
+
+
+def test_loop_threads_run_with_a_tight_timer_slack(fleet: Any) -> None:
+    for proc in (fleet.gateway, *fleet.workers.values()):
+        # /proc/PID/timerslack_ns is the slack of the thread group leader: the loop's thread.
+        assert Path(f"/proc/{proc.pid}/timerslack_ns").read_text().strip() == "1"
