@@ -9,8 +9,9 @@ The request mix follows the original system's load test: max output tokens unifo
 [64, 255], one session key per client, a 2 s deadline carried as the gRPC deadline. Requests
 are serialized once up front so the load generator spends its CPU on calls, not on protobuf.
 
-With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total``
-before and after the run and reports the gateway's CPU time per request.
+With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total`` and
+batch-size histogram before and after the run and reports the gateway's CPU time per request
+and how many batches it dispatched for them.
 """
 
 from __future__ import annotations
@@ -223,8 +224,27 @@ class LoadGenerator:
         return self.tally
 
 
-def read_cpu_seconds(metrics_address: str) -> float | None:
-    """The gateway's process_cpu_seconds_total, or None if it cannot be read."""
+@dataclass(frozen=True)
+class GatewayCounters:
+    """What the gateway's /metrics says about its own work, read before and after a run."""
+
+    cpu_seconds: float
+    batches: float | None = None  # halcyon_gateway_batch_size_count
+    batched_requests: float | None = None  # halcyon_gateway_batch_size_sum
+
+    def minus(self, before: GatewayCounters) -> GatewayCounters:
+        def delta(now: float | None, then: float | None) -> float | None:
+            return None if now is None or then is None else now - then
+
+        return GatewayCounters(
+            self.cpu_seconds - before.cpu_seconds,
+            delta(self.batches, before.batches),
+            delta(self.batched_requests, before.batched_requests),
+        )
+
+
+def read_gateway_counters(metrics_address: str) -> GatewayCounters | None:
+    """The gateway's CPU seconds and dispatched batches, or None if /metrics cannot be read."""
     from prometheus_client.parser import text_string_to_metric_families
 
     url = metrics_address if "://" in metrics_address else f"http://{metrics_address}/metrics"
@@ -233,14 +253,21 @@ def read_cpu_seconds(metrics_address: str) -> float | None:
             text = resp.read().decode()
     except OSError:
         return None
+    cpu: float | None = None
+    batches: float | None = None
+    batched: float | None = None
     for family in text_string_to_metric_families(text):
-        if family.name == "process_cpu_seconds":
-            for sample in family.samples:
-                return float(sample.value)
-    return None
+        for sample in family.samples:
+            if sample.name == "process_cpu_seconds_total":
+                cpu = float(sample.value)
+            elif sample.name == "halcyon_gateway_batch_size_count":
+                batches = (batches or 0.0) + float(sample.value)
+            elif sample.name == "halcyon_gateway_batch_size_sum":
+                batched = (batched or 0.0) + float(sample.value)
+    return None if cpu is None else GatewayCounters(cpu, batches, batched)
 
 
-def summarize(tally: Tally, elapsed: float, cpu_s: float | None) -> dict[str, Any]:
+def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> dict[str, Any]:
     lat = sorted(tally.latencies_ms)
     added = sorted(tally.added_ms)
     answered = tally.answered
@@ -263,7 +290,18 @@ def summarize(tally: Tally, elapsed: float, cpu_s: float | None) -> dict[str, An
         "versions": dict(sorted(tally.versions.items())),
         "client_dropped": tally.client_dropped,
         "elapsed_s": elapsed,
-        "gateway_cpu_ms_per_request": (cpu_s * 1000.0 / answered) if cpu_s and answered else None,
+        "gateway_cpu_ms_per_request": (gateway.cpu_seconds * 1000.0 / answered)
+        if gateway is not None and answered
+        else None,
+        # The gateway's own count over all its traffic in the run (this client's, normally):
+        # batches dispatched and the plain mean of their sizes, where ``mean_batch_size`` above
+        # is the size of the batch each answer came in (larger batches count more often).
+        "gateway_batches": int(gateway.batches)
+        if gateway is not None and gateway.batches is not None
+        else None,
+        "gateway_requests_per_batch": gateway.batched_requests / gateway.batches
+        if gateway is not None and gateway.batches and gateway.batched_requests is not None
+        else None,
     }
 
 
@@ -289,6 +327,12 @@ def render(report: dict[str, Any]) -> str:
         )
     if report["gateway_cpu_ms_per_request"] is not None:
         lines.append(f"  gateway CPU     {report['gateway_cpu_ms_per_request']:.3f} ms per request")
+    if report.get("gateway_requests_per_batch") is not None:
+        lines.append(
+            f"  gateway batches {report['gateway_batches']} dispatched, "
+            f"{report['gateway_requests_per_batch']:.2f} requests per batch "
+            "(mean batch size above is per answer)"
+        )
     return "\n".join(lines)
 
 
@@ -324,7 +368,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway-metrics",
         metavar="HOST:PORT",
-        help="gateway metrics address; reports the gateway's CPU time per request",
+        help="gateway metrics address; reports the gateway's CPU time per request and the "
+        "batches it dispatched",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     parser.add_argument("--progress", action="store_true", help="live progress even off a TTY")
@@ -337,8 +382,8 @@ def run(args: argparse.Namespace) -> int:
     if args.seconds <= 0:
         print("loadtest: --seconds must be positive", file=sys.stderr)
         return 2
-    cpu_before = read_cpu_seconds(args.gateway_metrics) if args.gateway_metrics else None
-    if args.gateway_metrics and cpu_before is None:
+    before = read_gateway_counters(args.gateway_metrics) if args.gateway_metrics else None
+    if args.gateway_metrics and before is None:
         print(f"loadtest: cannot read {args.gateway_metrics}/metrics", file=sys.stderr)
     gen = LoadGenerator(args)
     try:
@@ -346,9 +391,10 @@ def run(args: argparse.Namespace) -> int:
     except ConnectionError as err:
         print(f"loadtest: {err}", file=sys.stderr)
         return 1
-    cpu_after = read_cpu_seconds(args.gateway_metrics) if args.gateway_metrics else None
-    cpu = (cpu_after - cpu_before) if cpu_before is not None and cpu_after is not None else None
-    report = summarize(tally, tally.started, cpu)
+    after = read_gateway_counters(args.gateway_metrics) if before is not None else None
+    report = summarize(
+        tally, tally.started, after.minus(before) if after is not None and before else None
+    )
     mode = f"open loop {args.rate:g} req/s" if args.rate else f"{args.clients} clients"
     if args.json:
         print(json.dumps({"mode": mode, **report}))

@@ -95,6 +95,9 @@ def test_stack_prints_how_to_call_it_and_loadtest_drives_it(tmp_path: Path) -> N
         assert 0.0 < result["added_p50_ms"] < result["p50_ms"]
         assert result["mean_batch_size"] >= 1.0
         assert result["gateway_cpu_ms_per_request"] is not None
+        # The gateway's own batch count: a plain mean per batch, never above the per-answer one.
+        assert result["gateway_batches"] >= 1
+        assert 1.0 <= result["gateway_requests_per_batch"] <= result["mean_batch_size"] + 0.5
     finally:
         stack.send_signal(signal.SIGINT)
         try:
