@@ -86,7 +86,7 @@ class HelperThreadScheduler:
 
     @property
     def switched(self) -> int:
-        """Threads switched so far (including ones that have since exited)."""
+        """Threads switched and still alive at the last scan."""
         return len(self._done)
 
     def apply(self) -> int:
@@ -97,6 +97,7 @@ class HelperThreadScheduler:
             tids = [int(name) for name in os.listdir(self._tasks) if name.isdigit()]
         except OSError:
             return 0
+        self._done.intersection_update(tids)  # forget threads that have exited
         switched = 0
         for tid in tids:
             if tid == self.keep_tid or tid in self._done:

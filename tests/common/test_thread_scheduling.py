@@ -49,6 +49,10 @@ def test_switches_every_thread_but_the_loops_once(tmp_path: Path) -> None:
     assert scheduler.apply() == 1
     assert sorted(setter.calls) == [101, 102, 103]
     assert scheduler.switched == 3
+    # Exited threads are forgotten, so the record stays as small as the thread list.
+    (tmp_path / "101").rmdir()
+    assert scheduler.apply() == 0
+    assert scheduler.switched == 2
 
 
 def test_a_thread_that_exited_meanwhile_is_skipped(tmp_path: Path) -> None:
