@@ -51,6 +51,7 @@ __all__ = [
     "add_helper_threads_argument",
     "schedule_helper_threads",
     "tighten_timer_slack",
+    "tune_threads",
 ]
 
 _log = logging.getLogger("halcyon.thread_scheduling")
@@ -165,6 +166,13 @@ def tighten_timer_slack(nanoseconds: int = 1) -> bool:
     if not done:
         _log.info("the loop thread keeps the default timer slack")
     return bool(done)
+
+
+def tune_threads(helper_policy: str) -> HelperThreadScheduler | None:
+    """Everything this module decides, for a serving process: call on the loop's thread after
+    start-up. Tightens the loop thread's timer slack and applies ``helper_policy``."""
+    tighten_timer_slack()
+    return schedule_helper_threads(helper_policy)
 
 
 def _set_batch(tid: int) -> None:

@@ -21,11 +21,7 @@ from common.serving import (
     add_serving_arguments,
     serving_options_from_args,
 )
-from common.thread_scheduling import (
-    add_helper_threads_argument,
-    schedule_helper_threads,
-    tighten_timer_slack,
-)
+from common.thread_scheduling import add_helper_threads_argument, tune_threads
 from common.tracing import configure_tracing
 from gateway.admission import TenantRegistry
 from gateway.app import GatewayApp, GatewayConfig
@@ -154,8 +150,7 @@ def run(args: argparse.Namespace) -> int:
 
     def after_start() -> None:
         tune_for_serving()
-        tighten_timer_slack()
-        schedule_helper_threads(args.helper_threads)
+        tune_threads(args.helper_threads)
 
     async def main() -> None:
         # Built inside the loop: grpc.aio binds a server to the loop current at construction.
