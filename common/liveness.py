@@ -137,7 +137,8 @@ class LivenessWatchdog:
             self._beat_posted_at,
             ((p.method, p.failure, p.stalled_since()) for p in self._pumps),
         )
-        if verdict != self.verdict and not self._stopped.is_set():
+        # A change is a flip of live; the reason's figures change every check.
+        if verdict.live != self.verdict.live and not self._stopped.is_set():
             self.verdict = verdict
             self._on_change(verdict)
         return True

@@ -70,6 +70,7 @@ __all__ = [
     "SERVING_PATHS",
     "SERVING_PATH_ENV",
     "ServiceHost",
+    "ServingFailed",
     "ServingOptions",
     "TlsOptions",
     "add_serving_arguments",
@@ -157,6 +158,11 @@ class ServingOptions:
     serving_path: str = field(default_factory=_default_serving_path)  # "fast" | "aio"
     health_listen: str | None = None  # host:port for a loop-free health probe port; None = off
     stall_limit_s: float = 10.0  # liveness off after this long without data-path progress
+
+
+class ServingFailed(Exception):
+    """:meth:`ServiceHost.serve_until_signal` stopped the host because a completion-queue
+    endpoint could not go on (already logged): the process should exit non-zero."""
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -512,7 +518,10 @@ class ServiceHost:
         self, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Wait for SIGTERM/SIGINT (or :meth:`request_shutdown`), then shut down gracefully:
-        readiness off, ``await on_shutdown()``, ``server.stop(grace)``."""
+        readiness off, ``await on_shutdown()``, ``server.stop(grace)``.
+
+        Raises :class:`ServingFailed` after that stop if it began because a completion-queue
+        endpoint failed for good rather than on request."""
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -533,9 +542,8 @@ class ServiceHost:
                 with contextlib.suppress(Exception):
                     loop.remove_signal_handler(sig)
         if self.failure is not None:
-            # Stopped because a raw endpoint failed, not because we were asked to: say so in
-            # the exit status (no traceback; the error was logged when it happened).
-            raise SystemExit(1)
+            # Stopped because a raw endpoint failed, not because we were asked to.
+            raise ServingFailed(self.failure)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         _log.info("signal received", extra={"signal": sig.name, "host_name": self.name})
