@@ -22,8 +22,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import grpc  # noqa: E402
-import grpc.aio  # noqa: E402
+import grpc
+import grpc.aio
 
 METHOD = "/halcyon.bench.Echo/Call"
 
