@@ -66,9 +66,21 @@ from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason,
 from gateway.controller_link import ControllerLink
 from gateway.dispatcher import InferResult, PendingRequest, VersionDispatcher
 from gateway.fleet_state import FleetState
-from gateway.metrics import REQUEST_OUTCOMES, SHED_REASONS, GatewayMetrics, ReplicaSample
-from gateway.routing import HedgePolicy, PeakEwmaRouter
-from gateway.validation import validate
+from gateway.metrics import (
+    NO_TENANT,
+    NO_VERSION,
+    REQUEST_OUTCOMES,
+    SHED_REASONS,
+    UNKNOWN_MODEL,
+    GatewayMetrics,
+    GatewaySnapshot,
+    LoopSnapshot,
+    ReplicaSample,
+    RequestSeries,
+)
+from gateway.routing import BreakerState, HedgePolicy, PeakEwmaRouter
+from gateway.validation import ValidRequest, validate
+from gateway.versioning import BUCKETS
 from gateway.worker_pool import WorkerPool
 from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
 
@@ -233,6 +245,7 @@ class Admitted:
     ticket: AdmissionTicket
     version: str
     span: trace.Span
+    series: RequestSeries
 
 
 class GatewayApp:
@@ -243,7 +256,8 @@ class GatewayApp:
         self.clock = clock or MonotonicClock()
         self.host = ServiceHost("gateway", config.serving, auth=None)
         self.metrics = GatewayMetrics(self.host.registry, self.host.scrape_hooks)
-        self.metrics.watch_replicas(self._replica_samples)
+        self._snapshot = LoopSnapshot(self._take_snapshot, GatewaySnapshot())
+        self.metrics.watch(self._snapshot)
         self.tenants = config.tenants
         self.admission = AdmissionController(
             TenantQuotas(config.tenants),
@@ -282,6 +296,7 @@ class GatewayApp:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._snapshot.bind(asyncio.get_running_loop())
         await self.host.start()
         cfg = self.config
         if cfg.controller:
@@ -442,13 +457,16 @@ class GatewayApp:
         worker reply leaves it unanswered past its deadline.
         """
         metrics = self.metrics
+        tenant_name = NO_TENANT
         try:
             if self._closing:
                 raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
             tenant = self._authenticate(metadata)
+            tenant_name = tenant.name
             valid = validate(request, time_remaining_s, self.config.default_timeout_s)
         except RichError as err:
-            metrics.requests[_outcome_label(err)].inc()
+            model = request.model if request.model in self.fleet.models() else UNKNOWN_MODEL
+            self._count_refused(err, metrics.series(tenant_name, model, NO_VERSION), None)
             raise
         now = self.clock.now()
         request_id = f"{self._id_prefix}-{next(self._ids):x}"
@@ -463,12 +481,15 @@ class GatewayApp:
                     else f"model {valid.model!r} has no stable version configured"
                 )
                 pending_fleet = unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
-                self._finish_unadmitted(valid.model, "", pending_fleet)
+                model = valid.model if self.fleet.generation else UNKNOWN_MODEL
+                series = metrics.series(tenant.name, model, NO_VERSION)
+                self._finish_unadmitted(valid.model, "", pending_fleet, series, tenant, valid)
                 raise pending_fleet
             missing = not_found_model(valid.model)
-            metrics.requests[_outcome_label(missing)].inc()
+            self._count_refused(missing, metrics.series(tenant.name, UNKNOWN_MODEL, NO_VERSION))
             raise missing
         version = split.version_for(valid.session_key or request_id)
+        series = metrics.series(tenant.name, valid.model, version)
         dispatcher = self.dispatchers.get((valid.model, version))
         if dispatcher is None or not dispatcher.has_replicas:
             no_replica = unavailable(
@@ -476,7 +497,7 @@ class GatewayApp:
                 f"no replica serves {valid.model} {version} right now",
                 self._fleet_retry_hint(),
             )
-            self._finish_unadmitted(valid.model, version, no_replica)
+            self._finish_unadmitted(valid.model, version, no_replica, series, tenant, valid)
             raise no_replica
         ticket = self.admission.admit(
             tenant,
@@ -485,9 +506,9 @@ class GatewayApp:
             _PRIORITY.get(valid.priority),
         )
         if isinstance(ticket, QuotaExceeded):
-            metrics.requests["quota_exceeded"].inc()
-            metrics.shed["quota_exceeded"].inc()
-            raise quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
+            over_quota = quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
+            self._count_refused(over_quota, series, _effective_priority(tenant, valid))
+            raise over_quota
         if isinstance(ticket, Overloaded):
             overloaded = unavailable(
                 Reason.OVERLOADED,
@@ -495,7 +516,7 @@ class GatewayApp:
                 f"traffic ({ticket.allowed} of {ticket.limit})",
                 ticket.retry_after_s,
             )
-            self._finish_unadmitted(valid.model, version, overloaded)
+            self._finish_unadmitted(valid.model, version, overloaded, series, tenant, valid)
             raise overloaded
 
         if spans_recorded():
@@ -521,7 +542,7 @@ class GatewayApp:
             pending.reject(err)
         except Exception as exc:
             pending.reject(internal_error("Infer failed unexpectedly", exc))
-        return Admitted(pending, ticket, version, span)
+        return Admitted(pending, ticket, version, span, series)
 
     def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
         """Account for an answered request; its response, or the typed error to send."""
@@ -539,10 +560,7 @@ class GatewayApp:
             self.admission.finish(admitted.ticket, outcome, None, done)
             kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
             self._report(valid.model, admitted.version, "", kind, done - now)
-            label = _outcome_label(err)
-            self.metrics.requests[label].inc()
-            if label in SHED_REASONS:
-                self.metrics.shed[label].inc()
+            self._count_refused(err, admitted.series, admitted.ticket.priority)
             admitted.span.set_status(trace.StatusCode.ERROR, err.message)
             admitted.span.end()
             return err
@@ -555,8 +573,7 @@ class GatewayApp:
         self._report(
             valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
         )
-        self.metrics.requests["ok"].inc()
-        self.metrics.latency.observe(total)
+        admitted.series.answered(total, not late)
         admitted.span.end()
         return _response(pending, admitted.version, result, total)
 
@@ -564,19 +581,33 @@ class GatewayApp:
         """The client went away (or its gRPC deadline passed): free everything, no sample."""
         self._inflight -= 1
         self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
-        self.metrics.requests["cancelled"].inc()
+        admitted.series.outcomes["cancelled"].inc()
         admitted.span.end()
 
     def _fleet_retry_hint(self) -> float | None:
         """When the fleet view can next change: None without a controller (it never will)."""
         return None if self.link is None else self.link.retry_hint()
 
-    def _finish_unadmitted(self, model: str, version: str, err: RichError) -> None:
-        label = _outcome_label(err)
-        self.metrics.requests[label].inc()
-        if label in SHED_REASONS:
-            self.metrics.shed[label].inc()
+    def _finish_unadmitted(
+        self,
+        model: str,
+        version: str,
+        err: RichError,
+        series: RequestSeries,
+        tenant: TenantConfig,
+        valid: ValidRequest,
+    ) -> None:
+        self._count_refused(err, series, _effective_priority(tenant, valid))
         self._report(model, version, "", _SHED, 0.0)
+
+    def _count_refused(
+        self, err: RichError, series: RequestSeries, priority: Priority | None = None
+    ) -> None:
+        """Count a request that ended with ``err``; a shed also by reason and priority."""
+        label = _outcome_label(err)
+        series.outcomes[label].inc()
+        if priority is not None and label in SHED_REASONS:
+            self.metrics.count_shed(label, priority.value)
 
     def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
         if self.link is not None:
@@ -641,16 +672,21 @@ class GatewayApp:
                 )
         return limiter.limit, self._inflight, models
 
-    def _replica_samples(self) -> list[ReplicaSample]:
+    def _take_snapshot(self) -> GatewaySnapshot:
+        """What the gateway exports at scrape time; runs on the loop (``LoopSnapshot``)."""
         now = self.clock.now()
         self._report_status()  # keeps the scalar gauges fresh at scrape time too
-        samples = []
-        for (_model, version), d in self.dispatchers.items():
+        snap = GatewaySnapshot()
+        for (model, version), d in self.dispatchers.items():
             views = {v.replica_id: v for v in d.router.views(now)}
+            routable = 0
             for rid in d.replicas:
                 view = views.get(rid)
                 cost = d.cost_model(rid)
-                samples.append(
+                breaker = view.breaker if view else BreakerState.CLOSED
+                if view is not None and not view.draining and breaker is not BreakerState.OPEN:
+                    routable += 1
+                snap.replicas.append(
                     ReplicaSample(
                         replica_id=rid,
                         version=version,
@@ -658,9 +694,21 @@ class GatewayApp:
                         latency_estimate_s=view.latency_estimate_s if view else 0.0,
                         cost_intercept_s=cost.intercept if cost else math.nan,
                         cost_per_token_s=cost.slope if cost else math.nan,
+                        breaker=breaker.value,
                     )
                 )
-        return samples
+            snap.routable[(model, version)] = routable
+        for model, split in self.fleet.splits.items():
+            canary = split.canary_weight_bp / BUCKETS if split.canary_version else 0.0
+            snap.weights[(model, split.stable_version)] = 1.0 - canary
+            snap.routable.setdefault((model, split.stable_version), 0)
+            if split.canary_version:
+                snap.weights[(model, split.canary_version)] = canary
+                snap.routable.setdefault((model, split.canary_version), 0)
+        quotas = self.admission.quotas
+        for tenant in self.tenants:
+            snap.quota_tokens[tenant.name] = quotas.available(tenant, now)
+        return snap
 
 
 def _expire(pending: PendingRequest) -> None:
@@ -671,6 +719,12 @@ def _expire(pending: PendingRequest) -> None:
             reason=Reason.DEADLINE_MISSED,
         )
     )
+
+
+def _effective_priority(tenant: TenantConfig, valid: ValidRequest) -> Priority:
+    """The priority admission applies: the request's, capped at its tenant's."""
+    requested = _PRIORITY.get(valid.priority)
+    return tenant.priority if requested is None else requested.capped_by(tenant.priority)
 
 
 def _outcome_label(err: RichError) -> str:

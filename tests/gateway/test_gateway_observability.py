@@ -125,12 +125,13 @@ async def test_metrics_after_traffic(start_worker: Any, start_gateway: Any) -> N
     url = f"http://127.0.0.1:{gw.app.host.metrics_port}/metrics"
     body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
     families = {f.name: f for f in text_string_to_metric_families(body)}
-    ok = [
-        s.value
+    ok = {
+        (s.labels["tenant"], s.labels["model"], s.labels["version"]): s.value
         for s in families["halcyon_gateway_requests"].samples
         if s.name == "halcyon_gateway_requests_total" and s.labels.get("outcome") == "ok"
-    ]
-    assert ok == [48.0]
+    }
+    # The unknown model's name never becomes a label value.
+    assert ok == {("standard", "llama-3-8b", "v1"): 48.0, ("standard", "unknown", "none"): 0.0}
     assert any(s.name.endswith("_bucket") for s in families["halcyon_gateway_batch_size"].samples)
     estimates = families["halcyon_gateway_replica_latency_estimate_seconds"].samples
     assert {s.labels["replica"] for s in estimates} == {"w-a", "w-b"}
@@ -156,3 +157,72 @@ async def test_cost_model_learns_each_replica_separately(
     assert fast_model.observations >= 1 and slow_model.observations >= 1
     # A 0.4x replica costs more per batch than the 1.0x one (20 ms vs 50 ms intercept).
     assert slow_model.upper(100) > fast_model.upper(100)
+
+
+async def test_request_metrics_by_tenant_model_version_goodput_and_sheds(
+    start_worker: Any, start_gateway: Any
+) -> None:
+    worker = await start_worker(replica_id="w-1", intercept_ms=60.0)
+    gw = await start_gateway(metrics=True)
+    gw.apply([worker])
+    await gw.infer(key="demo-key-premium")
+    await gw.infer(key="demo-key-standard")
+    # A request that cannot make its deadline is shed, counted with its tenant's priority.
+    err = await gw.infer_error(key="demo-key-batch", timeout=duration_pb2.Duration(nanos=10**6))
+    assert err.reason == "DEADLINE_UNREACHABLE"
+    await gw.infer_error(key="no-such-key")
+
+    def by(name: str, **labels: str) -> float:
+        return gw.sample(name, labels)
+
+    series = {"model": "llama-3-8b", "version": "v1"}
+    assert by("halcyon_gateway_requests_total", tenant="premium", outcome="ok", **series) == 1
+    assert by("halcyon_gateway_requests_total", tenant="standard", outcome="ok", **series) == 1
+    assert by("halcyon_gateway_goodput_total", tenant="premium", **series) == 1
+    assert by("halcyon_gateway_request_seconds_count", tenant="standard", **series) == 1
+    # The unauthenticated call: no tenant, no version chosen.
+    unauthenticated = {"tenant": "none", "version": "none", "outcome": "unauthenticated"}
+    assert by("halcyon_gateway_requests_total", model="llama-3-8b", **unauthenticated) == 1
+    assert by("halcyon_gateway_shed_total", reason="deadline_unreachable", priority="sheddable")
+    assert by("halcyon_gateway_shed_total", priority="critical") == 0
+
+    # Read at scrape time: weights, routable replicas, breakers, quota balances.
+    assert by("halcyon_gateway_version_weight", **series) == 1.0
+    assert by("halcyon_gateway_routable_replicas", **series) == 1
+    assert by("halcyon_gateway_replica_breaker_state", replica="w-1", state="closed") == 1
+    assert by("halcyon_gateway_replica_breaker_state", replica="w-1", state="open") == 0
+    quota = {t: by("halcyon_gateway_quota_available_tokens", tenant=t) for t in ("premium",)}
+    assert 0 < quota["premium"] <= 4_000_000
+
+
+async def test_goodput_counts_only_answers_within_their_deadline(
+    start_worker: Any, start_gateway: Any
+) -> None:
+    gw = await start_gateway()
+    gw.apply([await start_worker(replica_id="w-1", intercept_ms=5.0)])
+    for _ in range(5):
+        await gw.infer()
+    labels = {"tenant": "standard", "model": "llama-3-8b", "version": "v1"}
+    assert gw.sample("halcyon_gateway_goodput_total", labels) == 5
+    assert gw.sample("halcyon_gateway_requests_total", {**labels, "outcome": "ok"}) == 5
+
+
+async def test_scrape_from_another_thread_reads_state_on_the_loop(
+    start_worker: Any, start_gateway: Any
+) -> None:
+    gw = await start_gateway(metrics=True)
+    gw.apply([await start_worker(replica_id="w-1")])
+    await gw.infer()
+    url = f"http://127.0.0.1:{gw.app.host.metrics_port}/metrics"
+    # The HTTP thread hands the snapshot to this loop, which must stay free to compute it.
+    body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read().decode())
+    families = {f.name: f for f in text_string_to_metric_families(body)}
+    [weight] = families["halcyon_gateway_version_weight"].samples
+    assert weight.labels == {"model": "llama-3-8b", "version": "v1"} and weight.value == 1.0
+    assert {
+        s.labels["tenant"] for s in families["halcyon_gateway_quota_available_tokens"].samples
+    } == {
+        "premium",
+        "standard",
+        "batch",
+    }
