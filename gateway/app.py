@@ -45,7 +45,7 @@ from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, Un
 from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions, TlsOptions
-from common.tracing import spans_recorded
+from common.tracing import client_interceptors, end_rpc_span, spans_recorded, start_server_span
 from gateway.admission import (
     AdmissionController,
     AdmissionOutcome,
@@ -64,7 +64,12 @@ from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
 from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason, Objective
 from gateway.controller_link import ControllerLink
-from gateway.dispatcher import InferResult, PendingRequest, VersionDispatcher
+from gateway.dispatcher import (
+    EXECUTE_BATCH_METHOD,
+    InferResult,
+    PendingRequest,
+    VersionDispatcher,
+)
 from gateway.fleet_state import FleetState
 from gateway.metrics import (
     NO_TENANT,
@@ -88,7 +93,6 @@ log = logging.getLogger("halcyon.gateway")
 
 SERVICE_NAME = "halcyon.v1.InferService"
 INFER_METHOD = f"/{SERVICE_NAME}/Infer"
-EXECUTE_BATCH_METHOD = "/halcyon.v1.WorkerService/ExecuteBatch"
 # How long past its deadline the gateway waits for an answer before giving up on it itself.
 # The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
 ANSWER_GRACE_S = 0.25
@@ -160,8 +164,12 @@ class InferServicer(infer_pb2_grpc.InferServiceServicer):
         self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> infer_pb2.InferResponse:
         app = self._app
+        # The OpenTelemetry interceptor's span for this call (it ends it, with the status).
+        span = trace.get_current_span()
         try:
-            admitted = app.admit(request, context.invocation_metadata(), context.time_remaining())
+            admitted = app.admit(
+                request, context.invocation_metadata(), context.time_remaining(), span
+            )
         except RichError as err:
             await abort(context, err)
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
@@ -194,21 +202,28 @@ class RawInferAdapter:
     def __init__(self, app: GatewayApp) -> None:
         self._app = app
         self._parse = infer_pb2.InferRequest.FromString
+        self._tracer = trace.get_tracer("halcyon.gateway")
 
     def __call__(self, call: RawCall) -> None:
         app = self._app
+        # The span the OpenTelemetry interceptor makes on the grpc.aio path; none at all when
+        # nothing would record it (common.tracing.spans_recorded).
+        span = (
+            start_server_span(self._tracer, INFER_METHOD, call.metadata, call.peer())
+            if spans_recorded()
+            else trace.INVALID_SPAN
+        )
         try:
             request = self._parse(call.request)
+            admitted = app.admit(request, call.metadata, call.time_remaining(), span)
         except DecodeError:
-            call.reject(invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
+            _reject(call, span, invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
             return
-        try:
-            admitted = app.admit(request, call.metadata, call.time_remaining())
         except RichError as err:
-            call.reject(err)
+            _reject(call, span, err)
             return
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            call.reject(internal_error("Infer failed before admission", exc))
+            _reject(call, span, internal_error("Infer failed before admission", exc))
             return
         pending = admitted.pending
         # A cancelled request is skipped by its batch and settled below.
@@ -217,14 +232,24 @@ class RawInferAdapter:
         def answer(_: PendingRequest) -> None:
             if pending.cancelled:
                 app.settle_cancelled(admitted)
+                if span is not trace.INVALID_SPAN:
+                    end_rpc_span(span, grpc.StatusCode.CANCELLED)
                 return
             outcome = app.settle(admitted)
             if isinstance(outcome, RichError):
-                call.reject(outcome)
-            else:
-                call.reply(outcome.SerializeToString())
+                _reject(call, span, outcome)
+                return
+            call.reply(outcome.SerializeToString())
+            if span is not trace.INVALID_SPAN:
+                end_rpc_span(span, grpc.StatusCode.OK)
 
         pending.when_answered(answer)
+
+
+def _reject(call: RawCall, span: trace.Span, err: RichError) -> None:
+    call.reject(err)
+    if span is not trace.INVALID_SPAN:
+        end_rpc_span(span, err.code, err.message)
 
 
 def internal_error(what: str, exc: BaseException) -> RichError:
@@ -244,7 +269,6 @@ class Admitted:
     pending: PendingRequest
     ticket: AdmissionTicket
     version: str
-    span: trace.Span
     series: RequestSeries
 
 
@@ -269,7 +293,10 @@ class GatewayApp:
         # grpc_client_* metrics for the gateway's calls to the controller (interceptors) and
         # to workers (recorded by the dispatchers: ExecuteBatch is on the hot path).
         client_metrics = GrpcClientMetrics(self.host.registry)
-        self._client_interceptors = ClientMetricsInterceptors(client_metrics).all()
+        self._client_interceptors = [
+            *client_interceptors(),
+            *ClientMetricsInterceptors(client_metrics).all(),
+        ]
         self._execute_metrics = UnaryClientRecorder(client_metrics, EXECUTE_BATCH_METHOD)
         self.pool = WorkerPool(
             config.worker_tls.channel_credentials() if config.worker_tls else None
@@ -283,7 +310,6 @@ class GatewayApp:
         self._closing = False
         self._inflight = 0
         self._guard: AnswerGuard[PendingRequest] | None = None
-        self._tracer = trace.get_tracer("halcyon.gateway")
         # Infer is served off its own completion queue (ADR 0006); the aio servicer serves it
         # only if that endpoint cannot attach (see ServiceHost.add_service).
         self.host.add_service(
@@ -449,8 +475,11 @@ class GatewayApp:
         request: infer_pb2.InferRequest,
         metadata: Iterable[tuple[str, str | bytes]] | None,
         time_remaining_s: float | None,
+        span: trace.Span = trace.INVALID_SPAN,
     ) -> Admitted:
         """Authenticate, validate, pick the version, admit, and queue the request.
+
+        ``span`` is the call's RPC span (the adapter's to end): batches link to it.
 
         Raises the typed rejection (already counted) when the request goes no further; else
         the request is answered by its dispatcher, or by the answer guard if a bug or a lost
@@ -519,11 +548,16 @@ class GatewayApp:
             self._finish_unadmitted(valid.model, version, overloaded, series, tenant, valid)
             raise overloaded
 
-        if spans_recorded():
-            span = self._tracer.start_span("Infer", attributes={"halcyon.model": valid.model})
-            span_context: trace.SpanContext | None = span.get_span_context()
-        else:
-            span, span_context = trace.INVALID_SPAN, None
+        span_context: trace.SpanContext | None = None
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "halcyon.tenant": tenant.name,
+                    "halcyon.model": valid.model,
+                    "halcyon.version": version,
+                }
+            )
+            span_context = span.get_span_context()
         loop = asyncio.get_running_loop()
         pending = PendingRequest(
             request_id=request_id,
@@ -542,7 +576,7 @@ class GatewayApp:
             pending.reject(err)
         except Exception as exc:
             pending.reject(internal_error("Infer failed unexpectedly", exc))
-        return Admitted(pending, ticket, version, span, series)
+        return Admitted(pending, ticket, version, series)
 
     def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
         """Account for an answered request; its response, or the typed error to send."""
@@ -561,8 +595,6 @@ class GatewayApp:
             kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
             self._report(valid.model, admitted.version, "", kind, done - now)
             self._count_refused(err, admitted.series, admitted.ticket.priority)
-            admitted.span.set_status(trace.StatusCode.ERROR, err.message)
-            admitted.span.end()
             return err
         result = pending.result
         assert result is not None  # answered without an error
@@ -574,7 +606,6 @@ class GatewayApp:
             valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
         )
         admitted.series.answered(total, not late)
-        admitted.span.end()
         return _response(pending, admitted.version, result, total)
 
     def settle_cancelled(self, admitted: Admitted) -> None:
@@ -582,7 +613,6 @@ class GatewayApp:
         self._inflight -= 1
         self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
         admitted.series.outcomes["cancelled"].inc()
-        admitted.span.end()
 
     def _fleet_retry_hint(self) -> float | None:
         """When the fleet view can next change: None without a controller (it never will)."""
