@@ -13,6 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
+from common.serving import ServiceHost, ServingOptions
 from common.tracing import client_interceptors
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 
@@ -326,3 +327,44 @@ async def test_scrape_from_another_thread_reads_state_on_the_loop(
         "standard",
         "batch",
     }
+
+
+async def test_streams_written_with_context_write_are_traced_and_still_stream(
+    span_exporter: InMemorySpanExporter, wait_until: Any
+) -> None:
+    """The controller's streams send with ``context.write`` from a coroutine; the
+    instrumentation assumes async generators, which common.tracing works around."""
+
+    async def watch(request: bytes, context: grpc.aio.ServicerContext) -> None:
+        for i in range(3):
+            await context.write(request + bytes([48 + i]))
+
+    def register(_servicer: Any, server: grpc.aio.Server) -> None:
+        handler = grpc.unary_stream_rpc_method_handler(
+            watch, request_deserializer=bytes, response_serializer=bytes
+        )
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("halcyon.test.Stream", {"Watch": handler}),)
+        )
+
+    host = ServiceHost("stream", ServingOptions(listen="127.0.0.1:0", metrics_listen=None), None)
+    host.add_service(register, None, "halcyon.test.Stream")
+    await host.start()
+    try:
+        async with grpc.aio.insecure_channel(
+            host.grpc_address, interceptors=client_interceptors()
+        ) as channel:
+            call = channel.unary_stream(
+                "/halcyon.test.Stream/Watch",
+                request_serializer=bytes,
+                response_deserializer=bytes,
+            )(b"m", timeout=5)
+            assert [m async for m in call] == [b"m0", b"m1", b"m2"]
+    finally:
+        await host.stop(0)
+    name = "/halcyon.test.Stream/Watch"
+    await wait_until(lambda: bool(_named(span_exporter, name, SpanKind.SERVER)))
+    [server] = _named(span_exporter, name, SpanKind.SERVER)
+    [client] = _named(span_exporter, name, SpanKind.CLIENT)
+    assert server.parent is not None and server.parent.span_id == client.context.span_id
+    assert server.attributes is not None and server.attributes["rpc.method"] == "Watch"
