@@ -199,6 +199,7 @@ def test_prod_scales_gateways_and_puts_workers_on_gpus_behind_network_policies()
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize("overlay", RUNNABLE)
 def test_workloads_run_as_declared_probe_healthy_serve_and_drain(
     overlay: str, tmp_path: Path

@@ -136,6 +136,7 @@ def _start_rollout(fleet: Any) -> bool:
     return True
 
 
+@pytest.mark.timeout(240)
 def test_rules_and_dashboard_have_data_and_the_breaker_alert_fires(
     launcher: Any, tmp_path: Path
 ) -> None:
