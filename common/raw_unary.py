@@ -259,6 +259,11 @@ class RawCall:
         self.request = b""
         self.on_cancel: Callable[[], object] | None = None
 
+    def peer(self) -> str:
+        """The client's address as gRPC reports it (``ipv4:127.0.0.1:53422``)."""
+        peer = self._call.peer()
+        return peer.decode("utf-8", "replace") if isinstance(peer, bytes) else str(peer)
+
     def time_remaining(self) -> float | None:
         """Seconds until the client's deadline, as ``ServicerContext.time_remaining``."""
         return None if self.deadline is None else self.deadline - time.time()

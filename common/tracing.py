@@ -1,34 +1,62 @@
-"""OpenTelemetry tracing: the process's tracer provider and W3C context across gRPC calls.
+"""OpenTelemetry tracing: the process's tracer provider and RPC spans on every gRPC path.
 
 What it decides: every process gets one global ``TracerProvider`` whose resource names the
 service; spans are exported over OTLP/gRPC only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, so
-nothing needs a collector to run and tests attach in-memory exporters. Trace context crosses
-process boundaries as W3C ``traceparent`` (and ``tracestate``) call metadata: callers add
-:func:`inject_metadata` to outgoing calls; servers start their span in
-:func:`extract_context` of the incoming metadata (design section 6: gateway batch span ->
-worker ExecuteBatch span).
+nothing needs a collector to run and tests attach in-memory exporters.
+
+RPC spans come from ``opentelemetry-instrumentation-grpc`` wherever ``grpc.aio`` serves or
+calls (:func:`server_interceptor`, :func:`client_interceptors`): spans named
+``/package.Service/Method`` with the OpenTelemetry RPC semantic conventions (``rpc.system``,
+``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``, ``net.peer.*``) and W3C
+``traceparent`` across processes. The hot methods bypass grpc.aio (the completion-queue
+endpoints, ADR 0006, and the gateway's own ExecuteBatch calls), so their adapters make the
+same spans with the same attributes through :func:`start_server_span`,
+:func:`start_client_span` and :func:`end_rpc_span` — and make none at all when nothing would
+record them (:func:`spans_recorded`): the request path does not pay for unread spans.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
+from urllib.parse import unquote
 
+import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
+from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
+from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from opentelemetry.semconv._incubating.attributes.net_attributes import (
+    NET_PEER_IP,
+    NET_PEER_NAME,
+    NET_PEER_PORT,
+)
+from opentelemetry.semconv._incubating.attributes.rpc_attributes import (
+    RPC_GRPC_STATUS_CODE,
+    RPC_METHOD,
+    RPC_SERVICE,
+    RPC_SYSTEM,
+)
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 __all__ = [
     "OTLP_ENDPOINT_ENV",
+    "client_interceptors",
     "configure_tracing",
+    "end_rpc_span",
     "extract_context",
     "inject_metadata",
+    "server_interceptor",
     "spans_recorded",
+    "start_client_span",
+    "start_server_span",
 ]
 
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
@@ -89,3 +117,115 @@ def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> Context:
         if isinstance(value, str):
             carrier[key.lower()] = value
     return propagate.extract(carrier)
+
+
+# -- RPC spans --------------------------------------------------------------------------------
+
+# Probes and reflection are not work anyone traces: a kubelet probing every few seconds would
+# otherwise fill traces with health checks.
+_UNTRACED = filters.negate(
+    filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))
+)
+# Server span statuses as the instrumentation sets them: only these codes are the server's
+# fault (OpenTelemetry's gRPC conventions); the others leave the status unset.
+_SERVER_ERRORS = frozenset(
+    {
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.UNIMPLEMENTED,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+class _AioServerTracing(OpenTelemetryAioServerInterceptor):  # type: ignore[misc]
+    """The instrumentation's aio server interceptor, also for streaming handlers written as
+    coroutines that send with ``context.write`` (the controller's streams): the instrumentation
+    iterates every streaming handler as an async generator, which those are not. Such a
+    handler is awaited inside its span, as the instrumentation does for unary handlers."""
+
+    def _intercept_aio_server_stream(
+        self, behavior: Callable[..., Any], handler_call_details: Any
+    ) -> Callable[..., Any]:
+        if inspect.isasyncgenfunction(behavior):
+            return super()._intercept_aio_server_stream(behavior, handler_call_details)  # type: ignore[no-any-return,no-untyped-call]
+        return self._intercept_aio_server_unary(behavior, handler_call_details)  # type: ignore[no-any-return,no-untyped-call]
+
+
+def server_interceptor() -> grpc.aio.ServerInterceptor:
+    """The OpenTelemetry aio server interceptor (health checks and reflection untraced)."""
+    tracer = trace.get_tracer("opentelemetry.instrumentation.grpc")
+    return _AioServerTracing(tracer, filter_=_UNTRACED)  # type: ignore[no-untyped-call]
+
+
+def client_interceptors() -> list[Any]:
+    """The OpenTelemetry aio client interceptors (CLIENT spans, ``traceparent`` sent)."""
+    return list(aio_client_interceptors())  # type: ignore[no-untyped-call]
+
+
+def _rpc_attributes(method: str) -> dict[str, Any]:
+    service, _, name = method.lstrip("/").partition("/")
+    return {
+        RPC_SYSTEM: "grpc",
+        RPC_GRPC_STATUS_CODE: grpc.StatusCode.OK.value[0],
+        RPC_METHOD: name,
+        RPC_SERVICE: service,
+    }
+
+
+def _peer_attributes(peer: str, attributes: dict[str, Any]) -> None:
+    # "ipv4:127.0.0.1:57284" / "ipv6:[::1]:57284", split as the instrumentation does.
+    if not peer or peer.startswith("unix:"):
+        return
+    try:
+        ip, port = peer.split(",")[0].split(":", 1)[1].rsplit(":", 1)
+    except (IndexError, ValueError):
+        return
+    ip = unquote(ip)
+    attributes[NET_PEER_IP] = ip
+    attributes[NET_PEER_PORT] = port
+    if ip in ("[::1]", "127.0.0.1"):
+        attributes[NET_PEER_NAME] = "localhost"
+
+
+def start_server_span(
+    tracer: trace.Tracer,
+    method: str,
+    metadata: Iterable[tuple[str, Any]] | None,
+    peer: str = "",
+) -> trace.Span:
+    """A SERVER span for ``/package.Service/Method`` served off the completion queue: the span
+    the instrumentation's server interceptor would make, child of the caller's
+    ``traceparent``. End it with :func:`end_rpc_span`."""
+    attributes = _rpc_attributes(method)
+    _peer_attributes(peer, attributes)
+    for key, value in metadata or ():
+        if key == "user-agent":
+            attributes["rpc.user_agent"] = value
+            break
+    return tracer.start_span(
+        method, context=extract_context(metadata), kind=SpanKind.SERVER, attributes=attributes
+    )
+
+
+def start_client_span(
+    tracer: trace.Tracer, method: str, context: Context | None = None
+) -> trace.Span:
+    """A CLIENT span for a call made without the client interceptors, as they would make it;
+    send :func:`inject_metadata` of ``trace.set_span_in_context(span)`` with the call."""
+    return tracer.start_span(
+        method, context=context, kind=SpanKind.CLIENT, attributes=_rpc_attributes(method)
+    )
+
+
+def end_rpc_span(
+    span: trace.Span, code: grpc.StatusCode, details: str = "", *, server: bool = True
+) -> None:
+    """Record the call's status on ``span`` (conventions: a server span is an error only for
+    codes that are the server's fault, a client span for any non-OK code) and end it."""
+    span.set_attribute(RPC_GRPC_STATUS_CODE, code.value[0])
+    if code is not grpc.StatusCode.OK and (not server or code in _SERVER_ERRORS):
+        span.set_status(Status(StatusCode.ERROR, f"{code}:{details}"))
+    span.end()

@@ -57,6 +57,21 @@ class ControllerMetrics:
             "Generation of the latest fleet snapshot",
             registry=r,
         )
+        # Rollout evidence for dashboards and alerts (deploy/prometheus, deploy/grafana); the
+        # rollout controller sets them. Declared here so their names are fixed in one place.
+        self.rollout_canary_weight = Gauge(
+            "halcyon_controller_rollout_canary_weight",
+            "Share of traffic (0..1) the active rollout gives its canary version",
+            ["model", "canary_version"],
+            registry=r,
+        )
+        self.rollout_decisions = Counter(
+            "halcyon_controller_rollout_decisions",
+            "Rollout decisions taken, by model, action (advance, hold, rollback, promote, "
+            "abort) and reason",
+            ["model", "action", "reason"],
+            registry=r,
+        )
         for kind in KIND_NAMES.values():
             self.outcomes.labels(kind=kind)
         self._replica_labels: set[tuple[str, str]] = set()

@@ -45,7 +45,7 @@ from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, Un
 from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions, TlsOptions
-from common.tracing import spans_recorded
+from common.tracing import client_interceptors, end_rpc_span, spans_recorded, start_server_span
 from gateway.admission import (
     AdmissionController,
     AdmissionOutcome,
@@ -64,11 +64,28 @@ from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
 from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason, Objective
 from gateway.controller_link import ControllerLink
-from gateway.dispatcher import InferResult, PendingRequest, VersionDispatcher
+from gateway.dispatcher import (
+    EXECUTE_BATCH_METHOD,
+    InferResult,
+    PendingRequest,
+    VersionDispatcher,
+)
 from gateway.fleet_state import FleetState
-from gateway.metrics import REQUEST_OUTCOMES, SHED_REASONS, GatewayMetrics, ReplicaSample
-from gateway.routing import HedgePolicy, PeakEwmaRouter
-from gateway.validation import validate
+from gateway.metrics import (
+    NO_TENANT,
+    NO_VERSION,
+    REQUEST_OUTCOMES,
+    SHED_REASONS,
+    UNKNOWN_MODEL,
+    GatewayMetrics,
+    GatewaySnapshot,
+    LoopSnapshot,
+    ReplicaSample,
+    RequestSeries,
+)
+from gateway.routing import BreakerState, HedgePolicy, PeakEwmaRouter
+from gateway.validation import ValidRequest, validate
+from gateway.versioning import BUCKETS
 from gateway.worker_pool import WorkerPool
 from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
 
@@ -76,7 +93,6 @@ log = logging.getLogger("halcyon.gateway")
 
 SERVICE_NAME = "halcyon.v1.InferService"
 INFER_METHOD = f"/{SERVICE_NAME}/Infer"
-EXECUTE_BATCH_METHOD = "/halcyon.v1.WorkerService/ExecuteBatch"
 # How long past its deadline the gateway waits for an answer before giving up on it itself.
 # The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
 ANSWER_GRACE_S = 0.25
@@ -148,8 +164,12 @@ class InferServicer(infer_pb2_grpc.InferServiceServicer):
         self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
     ) -> infer_pb2.InferResponse:
         app = self._app
+        # The OpenTelemetry interceptor's span for this call (it ends it, with the status).
+        span = trace.get_current_span()
         try:
-            admitted = app.admit(request, context.invocation_metadata(), context.time_remaining())
+            admitted = app.admit(
+                request, context.invocation_metadata(), context.time_remaining(), span
+            )
         except RichError as err:
             await abort(context, err)
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
@@ -182,21 +202,28 @@ class RawInferAdapter:
     def __init__(self, app: GatewayApp) -> None:
         self._app = app
         self._parse = infer_pb2.InferRequest.FromString
+        self._tracer = trace.get_tracer("halcyon.gateway")
 
     def __call__(self, call: RawCall) -> None:
         app = self._app
+        # The span the OpenTelemetry interceptor makes on the grpc.aio path; none at all when
+        # nothing would record it (common.tracing.spans_recorded).
+        span = (
+            start_server_span(self._tracer, INFER_METHOD, call.metadata, call.peer())
+            if spans_recorded()
+            else trace.INVALID_SPAN
+        )
         try:
             request = self._parse(call.request)
+            admitted = app.admit(request, call.metadata, call.time_remaining(), span)
         except DecodeError:
-            call.reject(invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
+            _reject(call, span, invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
             return
-        try:
-            admitted = app.admit(request, call.metadata, call.time_remaining())
         except RichError as err:
-            call.reject(err)
+            _reject(call, span, err)
             return
         except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            call.reject(internal_error("Infer failed before admission", exc))
+            _reject(call, span, internal_error("Infer failed before admission", exc))
             return
         pending = admitted.pending
         # A cancelled request is skipped by its batch and settled below.
@@ -205,14 +232,24 @@ class RawInferAdapter:
         def answer(_: PendingRequest) -> None:
             if pending.cancelled:
                 app.settle_cancelled(admitted)
+                if span is not trace.INVALID_SPAN:
+                    end_rpc_span(span, grpc.StatusCode.CANCELLED)
                 return
             outcome = app.settle(admitted)
             if isinstance(outcome, RichError):
-                call.reject(outcome)
-            else:
-                call.reply(outcome.SerializeToString())
+                _reject(call, span, outcome)
+                return
+            call.reply(outcome.SerializeToString())
+            if span is not trace.INVALID_SPAN:
+                end_rpc_span(span, grpc.StatusCode.OK)
 
         pending.when_answered(answer)
+
+
+def _reject(call: RawCall, span: trace.Span, err: RichError) -> None:
+    call.reject(err)
+    if span is not trace.INVALID_SPAN:
+        end_rpc_span(span, err.code, err.message)
 
 
 def internal_error(what: str, exc: BaseException) -> RichError:
@@ -232,7 +269,7 @@ class Admitted:
     pending: PendingRequest
     ticket: AdmissionTicket
     version: str
-    span: trace.Span
+    series: RequestSeries
 
 
 class GatewayApp:
@@ -243,7 +280,8 @@ class GatewayApp:
         self.clock = clock or MonotonicClock()
         self.host = ServiceHost("gateway", config.serving, auth=None)
         self.metrics = GatewayMetrics(self.host.registry, self.host.scrape_hooks)
-        self.metrics.watch_replicas(self._replica_samples)
+        self._snapshot = LoopSnapshot(self._take_snapshot, GatewaySnapshot())
+        self.metrics.watch(self._snapshot)
         self.tenants = config.tenants
         self.admission = AdmissionController(
             TenantQuotas(config.tenants),
@@ -255,7 +293,10 @@ class GatewayApp:
         # grpc_client_* metrics for the gateway's calls to the controller (interceptors) and
         # to workers (recorded by the dispatchers: ExecuteBatch is on the hot path).
         client_metrics = GrpcClientMetrics(self.host.registry)
-        self._client_interceptors = ClientMetricsInterceptors(client_metrics).all()
+        self._client_interceptors = [
+            *client_interceptors(),
+            *ClientMetricsInterceptors(client_metrics).all(),
+        ]
         self._execute_metrics = UnaryClientRecorder(client_metrics, EXECUTE_BATCH_METHOD)
         self.pool = WorkerPool(
             config.worker_tls.channel_credentials() if config.worker_tls else None
@@ -269,7 +310,6 @@ class GatewayApp:
         self._closing = False
         self._inflight = 0
         self._guard: AnswerGuard[PendingRequest] | None = None
-        self._tracer = trace.get_tracer("halcyon.gateway")
         # Infer is served off its own completion queue (ADR 0006); the aio servicer serves it
         # only if that endpoint cannot attach (see ServiceHost.add_service).
         self.host.add_service(
@@ -282,6 +322,7 @@ class GatewayApp:
     # -- lifecycle ------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        self._snapshot.bind(asyncio.get_running_loop())
         await self.host.start()
         cfg = self.config
         if cfg.controller:
@@ -434,21 +475,27 @@ class GatewayApp:
         request: infer_pb2.InferRequest,
         metadata: Iterable[tuple[str, str | bytes]] | None,
         time_remaining_s: float | None,
+        span: trace.Span = trace.INVALID_SPAN,
     ) -> Admitted:
         """Authenticate, validate, pick the version, admit, and queue the request.
+
+        ``span`` is the call's RPC span (the adapter's to end): batches link to it.
 
         Raises the typed rejection (already counted) when the request goes no further; else
         the request is answered by its dispatcher, or by the answer guard if a bug or a lost
         worker reply leaves it unanswered past its deadline.
         """
         metrics = self.metrics
+        tenant_name = NO_TENANT
         try:
             if self._closing:
                 raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
             tenant = self._authenticate(metadata)
+            tenant_name = tenant.name
             valid = validate(request, time_remaining_s, self.config.default_timeout_s)
         except RichError as err:
-            metrics.requests[_outcome_label(err)].inc()
+            model = request.model if request.model in self.fleet.models() else UNKNOWN_MODEL
+            self._count_refused(err, metrics.series(tenant_name, model, NO_VERSION), None)
             raise
         now = self.clock.now()
         request_id = f"{self._id_prefix}-{next(self._ids):x}"
@@ -463,12 +510,15 @@ class GatewayApp:
                     else f"model {valid.model!r} has no stable version configured"
                 )
                 pending_fleet = unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
-                self._finish_unadmitted(valid.model, "", pending_fleet)
+                model = valid.model if self.fleet.generation else UNKNOWN_MODEL
+                series = metrics.series(tenant.name, model, NO_VERSION)
+                self._finish_unadmitted(valid.model, "", pending_fleet, series, tenant, valid)
                 raise pending_fleet
             missing = not_found_model(valid.model)
-            metrics.requests[_outcome_label(missing)].inc()
+            self._count_refused(missing, metrics.series(tenant.name, UNKNOWN_MODEL, NO_VERSION))
             raise missing
         version = split.version_for(valid.session_key or request_id)
+        series = metrics.series(tenant.name, valid.model, version)
         dispatcher = self.dispatchers.get((valid.model, version))
         if dispatcher is None or not dispatcher.has_replicas:
             no_replica = unavailable(
@@ -476,7 +526,7 @@ class GatewayApp:
                 f"no replica serves {valid.model} {version} right now",
                 self._fleet_retry_hint(),
             )
-            self._finish_unadmitted(valid.model, version, no_replica)
+            self._finish_unadmitted(valid.model, version, no_replica, series, tenant, valid)
             raise no_replica
         ticket = self.admission.admit(
             tenant,
@@ -485,9 +535,9 @@ class GatewayApp:
             _PRIORITY.get(valid.priority),
         )
         if isinstance(ticket, QuotaExceeded):
-            metrics.requests["quota_exceeded"].inc()
-            metrics.shed["quota_exceeded"].inc()
-            raise quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
+            over_quota = quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
+            self._count_refused(over_quota, series, _effective_priority(tenant, valid))
+            raise over_quota
         if isinstance(ticket, Overloaded):
             overloaded = unavailable(
                 Reason.OVERLOADED,
@@ -495,14 +545,19 @@ class GatewayApp:
                 f"traffic ({ticket.allowed} of {ticket.limit})",
                 ticket.retry_after_s,
             )
-            self._finish_unadmitted(valid.model, version, overloaded)
+            self._finish_unadmitted(valid.model, version, overloaded, series, tenant, valid)
             raise overloaded
 
-        if spans_recorded():
-            span = self._tracer.start_span("Infer", attributes={"halcyon.model": valid.model})
-            span_context: trace.SpanContext | None = span.get_span_context()
-        else:
-            span, span_context = trace.INVALID_SPAN, None
+        span_context: trace.SpanContext | None = None
+        if span.is_recording():
+            span.set_attributes(
+                {
+                    "halcyon.tenant": tenant.name,
+                    "halcyon.model": valid.model,
+                    "halcyon.version": version,
+                }
+            )
+            span_context = span.get_span_context()
         loop = asyncio.get_running_loop()
         pending = PendingRequest(
             request_id=request_id,
@@ -521,7 +576,7 @@ class GatewayApp:
             pending.reject(err)
         except Exception as exc:
             pending.reject(internal_error("Infer failed unexpectedly", exc))
-        return Admitted(pending, ticket, version, span)
+        return Admitted(pending, ticket, version, series)
 
     def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
         """Account for an answered request; its response, or the typed error to send."""
@@ -539,12 +594,7 @@ class GatewayApp:
             self.admission.finish(admitted.ticket, outcome, None, done)
             kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
             self._report(valid.model, admitted.version, "", kind, done - now)
-            label = _outcome_label(err)
-            self.metrics.requests[label].inc()
-            if label in SHED_REASONS:
-                self.metrics.shed[label].inc()
-            admitted.span.set_status(trace.StatusCode.ERROR, err.message)
-            admitted.span.end()
+            self._count_refused(err, admitted.series, admitted.ticket.priority)
             return err
         result = pending.result
         assert result is not None  # answered without an error
@@ -555,28 +605,39 @@ class GatewayApp:
         self._report(
             valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
         )
-        self.metrics.requests["ok"].inc()
-        self.metrics.latency.observe(total)
-        admitted.span.end()
+        admitted.series.answered(total, not late)
         return _response(pending, admitted.version, result, total)
 
     def settle_cancelled(self, admitted: Admitted) -> None:
         """The client went away (or its gRPC deadline passed): free everything, no sample."""
         self._inflight -= 1
         self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
-        self.metrics.requests["cancelled"].inc()
-        admitted.span.end()
+        admitted.series.outcomes["cancelled"].inc()
 
     def _fleet_retry_hint(self) -> float | None:
         """When the fleet view can next change: None without a controller (it never will)."""
         return None if self.link is None else self.link.retry_hint()
 
-    def _finish_unadmitted(self, model: str, version: str, err: RichError) -> None:
-        label = _outcome_label(err)
-        self.metrics.requests[label].inc()
-        if label in SHED_REASONS:
-            self.metrics.shed[label].inc()
+    def _finish_unadmitted(
+        self,
+        model: str,
+        version: str,
+        err: RichError,
+        series: RequestSeries,
+        tenant: TenantConfig,
+        valid: ValidRequest,
+    ) -> None:
+        self._count_refused(err, series, _effective_priority(tenant, valid))
         self._report(model, version, "", _SHED, 0.0)
+
+    def _count_refused(
+        self, err: RichError, series: RequestSeries, priority: Priority | None = None
+    ) -> None:
+        """Count a request that ended with ``err``; a shed also by reason and priority."""
+        label = _outcome_label(err)
+        series.outcomes[label].inc()
+        if priority is not None and label in SHED_REASONS:
+            self.metrics.count_shed(label, priority.value)
 
     def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
         if self.link is not None:
@@ -641,16 +702,21 @@ class GatewayApp:
                 )
         return limiter.limit, self._inflight, models
 
-    def _replica_samples(self) -> list[ReplicaSample]:
+    def _take_snapshot(self) -> GatewaySnapshot:
+        """What the gateway exports at scrape time; runs on the loop (``LoopSnapshot``)."""
         now = self.clock.now()
         self._report_status()  # keeps the scalar gauges fresh at scrape time too
-        samples = []
-        for (_model, version), d in self.dispatchers.items():
+        snap = GatewaySnapshot()
+        for (model, version), d in self.dispatchers.items():
             views = {v.replica_id: v for v in d.router.views(now)}
+            routable = 0
             for rid in d.replicas:
                 view = views.get(rid)
                 cost = d.cost_model(rid)
-                samples.append(
+                breaker = view.breaker if view else BreakerState.CLOSED
+                if view is not None and not view.draining and breaker is not BreakerState.OPEN:
+                    routable += 1
+                snap.replicas.append(
                     ReplicaSample(
                         replica_id=rid,
                         version=version,
@@ -658,9 +724,21 @@ class GatewayApp:
                         latency_estimate_s=view.latency_estimate_s if view else 0.0,
                         cost_intercept_s=cost.intercept if cost else math.nan,
                         cost_per_token_s=cost.slope if cost else math.nan,
+                        breaker=breaker.value,
                     )
                 )
-        return samples
+            snap.routable[(model, version)] = routable
+        for model, split in self.fleet.splits.items():
+            canary = split.canary_weight_bp / BUCKETS if split.canary_version else 0.0
+            snap.weights[(model, split.stable_version)] = 1.0 - canary
+            snap.routable.setdefault((model, split.stable_version), 0)
+            if split.canary_version:
+                snap.weights[(model, split.canary_version)] = canary
+                snap.routable.setdefault((model, split.canary_version), 0)
+        quotas = self.admission.quotas
+        for tenant in self.tenants:
+            snap.quota_tokens[tenant.name] = quotas.available(tenant, now)
+        return snap
 
 
 def _expire(pending: PendingRequest) -> None:
@@ -671,6 +749,12 @@ def _expire(pending: PendingRequest) -> None:
             reason=Reason.DEADLINE_MISSED,
         )
     )
+
+
+def _effective_priority(tenant: TenantConfig, valid: ValidRequest) -> Priority:
+    """The priority admission applies: the request's, capped at its tenant's."""
+    requested = _PRIORITY.get(valid.priority)
+    return tenant.priority if requested is None else requested.capped_by(tenant.priority)
 
 
 def _outcome_label(err: RichError) -> str:

@@ -4,9 +4,11 @@ What it decides: nothing of its own — it is the asyncio shell around the pure 
 turns events (a request queued, a batch answered, a timer) into calls on the
 :class:`~gateway.batching.DeadlineBatcher` and the
 :class:`~gateway.routing.PeakEwmaRouter`, sends each batch to a worker with
-``ExecuteBatch`` (gRPC deadline = the latest deadline in the batch, W3C trace context in the
-metadata), races a hedge when the hedge policy allows, and answers every request exactly once:
-with its result, or with the typed reason the batcher or the fleet gave.
+``ExecuteBatch`` (gRPC deadline = the latest deadline in the batch; when spans are recorded, a
+``batch`` span linked to its requests' spans, and under it one CLIENT span per call, made as
+the OpenTelemetry client interceptor would, whose W3C context goes in the metadata), races a
+hedge when the hedge policy allows, and answers every request exactly once: with its result,
+or with the typed reason the batcher or the fleet gave.
 
 Outcome handling follows the design's distinctions:
 
@@ -41,7 +43,7 @@ from common.errors import (
     unavailable,
 )
 from common.grpc_metrics import UnaryClientRecorder
-from common.tracing import inject_metadata, spans_recorded
+from common.tracing import end_rpc_span, inject_metadata, spans_recorded, start_client_span
 from gateway.batching import (
     Batch,
     DeadlineBatcher,
@@ -70,6 +72,7 @@ from halcyon.v1 import infer_pb2, worker_pb2
 
 log = logging.getLogger("halcyon.gateway.dispatcher")
 
+EXECUTE_BATCH_METHOD = "/halcyon.v1.WorkerService/ExecuteBatch"
 MAX_ATTEMPTS = 2  # a request is tried on at most this many batches after a fault
 # Nominal device time for a typical batch at speed 1.0, the router's prior before any sample.
 NOMINAL_BATCH_S = 0.05
@@ -497,14 +500,20 @@ class VersionDispatcher:
             return
         timeout = max(0.001, max(p.deadline for p in batch.payloads) - self._clock.now())
         metadata = self._fleet_md
+        span: trace.Span | None = None
         if flight.span is not trace.INVALID_SPAN:
-            metadata += tuple(inject_metadata(trace.set_span_in_context(flight.span)))
+            span = start_client_span(
+                self._tracer, EXECUTE_BATCH_METHOD, trace.set_span_in_context(flight.span)
+            )
+            if lease.hedge:
+                span.set_attribute("halcyon.hedge", True)
+            metadata += tuple(inject_metadata(trace.set_span_in_context(span)))
         started = self._call_metrics.start() if self._call_metrics is not None else 0.0
         task = asyncio.ensure_future(
             stub.ExecuteBatch(self._request(batch), timeout=timeout, metadata=metadata)
         )
         flight.calls[lease.lease_id] = task
-        task.add_done_callback(lambda t: self._on_call_done(flight, lease, t, started))
+        task.add_done_callback(lambda t: self._on_call_done(flight, lease, t, started, span))
 
     def _on_call_done(
         self,
@@ -512,10 +521,17 @@ class VersionDispatcher:
         lease: Lease,
         task: asyncio.Task[worker_pb2.ExecuteBatchResponse],
         started: float,
+        span: trace.Span | None = None,
     ) -> None:
         flight.calls.pop(lease.lease_id, None)
-        if self._call_metrics is not None:
-            self._call_metrics.finish(started, _call_code(task))
+        if self._call_metrics is not None or span is not None:
+            code = _call_code(task)
+            if self._call_metrics is not None:
+                self._call_metrics.finish(started, code)
+            if span is not None:
+                end_rpc_span(
+                    span, code, "" if code is grpc.StatusCode.OK else code.name, server=False
+                )
         if task.cancelled():
             # A hedge loser we cancelled: release quietly, it says nothing about the replica.
             self.router.complete(lease, Outcome.CANCELLED, None, self._clock.now())

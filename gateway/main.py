@@ -97,7 +97,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seed", type=int, default=0, help="seed for routing choices (default %(default)s)"
     )
     add_serving_arguments(
-        parser, default_listen="127.0.0.1:50051", default_metrics_listen="127.0.0.1:9451"
+        parser,
+        default_listen="127.0.0.1:50051",
+        default_metrics_listen="127.0.0.1:9451",
+        # Clients' HTTP/2 connections rebalance over gateway replicas within this (ADR 0014).
+        default_max_connection_age=300.0,
     )
     add_helper_threads_argument(parser, default="batch")
 

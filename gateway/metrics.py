@@ -1,16 +1,29 @@
 """The gateway's domain metrics (``halcyon_gateway_*``), registered on the host's registry.
 
-What it decides: what an operator sees of the four decisions — requests by outcome, sheds by
-reason, batch sizes and flush reasons, the adaptive limit, hedges — with small fixed label
-domains. Per-replica state (latency estimate, cost-model coefficients, inflight) is read at
-scrape time by a collector instead of being pushed on every request, so the data path pays
-nothing for it; its ``replica`` label is bounded by the fleet size.
+What it decides: what an operator sees of the four decisions — requests, outcomes, goodput and
+latency per tenant, model and version; sheds by reason and priority; batch sizes and flush
+reasons; the adaptive limit; hedges; and, read at scrape time, each replica's routing state,
+each tenant's quota balance and each model's version weights.
+
+Label domains stay small and fixed (design section 6): ``tenant`` is a configured tenant's name
+(``none`` before a key matched), ``model`` a model the fleet serves (``unknown`` for any other
+name a client sends — client input never becomes a label), ``version`` a version the controller
+routes to (``none`` before one was chosen), ``outcome``, ``reason`` and ``priority`` fixed
+enumerations. Per-request cost: one dict lookup for the (tenant, model, version)
+:class:`RequestSeries` at admission, then plain-int increments and one bisect (ADR 0014).
+
+Scrape-time state is computed on the event loop that owns it (:class:`LoopSnapshot`): the
+router's breakers and the quota buckets change state when read, and must not be read from the
+HTTP server's thread while the loop mutates them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+import asyncio
+import concurrent.futures
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
@@ -18,7 +31,19 @@ from prometheus_client.registry import Collector
 
 from common.buffered_metrics import BufferedCounter, LoopHistogram, ScrapeHooks
 
-__all__ = ["REQUEST_OUTCOMES", "GatewayMetrics", "ReplicaSample"]
+__all__ = [
+    "NO_TENANT",
+    "NO_VERSION",
+    "PRIORITIES",
+    "REQUEST_OUTCOMES",
+    "SHED_REASONS",
+    "UNKNOWN_MODEL",
+    "GatewayMetrics",
+    "GatewaySnapshot",
+    "LoopSnapshot",
+    "ReplicaSample",
+    "RequestSeries",
+]
 
 # Every way an Infer call can end (the ``outcome`` label): OK or an ErrorInfo reason.
 REQUEST_OUTCOMES = (
@@ -47,18 +72,56 @@ SHED_REASONS = (
     "deadline_missed",
     "shed_for_goodput",
 )
+PRIORITIES = ("critical", "standard", "sheddable")
 FLUSH_REASONS = ("deadline", "full", "linger", "capacity", "drain")
 HEDGE_RESULTS = ("fired", "won", "lost", "declined")
+BREAKER_STATES = ("closed", "open", "half_open")
+NO_TENANT = "none"  # no API key matched (yet)
+UNKNOWN_MODEL = "unknown"  # a model name the fleet does not serve
+NO_VERSION = "none"  # refused before a version was chosen
 
 _LATENCY_BUCKETS = (
     0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
 )  # fmt: skip
 _SIZE_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128)
 
+T = TypeVar("T")
+
+
+class _Observer(Protocol):
+    def observe(self, value: float) -> None: ...
+
+
+class RequestSeries:
+    """The request metrics of one (tenant, model, version), bound once and kept.
+
+    ``outcomes`` has every outcome from the start (rate() works before the first error);
+    ``latency`` and ``goodput`` count answered requests only.
+    """
+
+    __slots__ = ("goodput", "latency", "outcomes")
+
+    def __init__(
+        self,
+        outcomes: dict[str, BufferedCounter],
+        goodput: BufferedCounter,
+        latency: _Observer,
+    ) -> None:
+        self.outcomes = outcomes
+        self.goodput = goodput
+        self.latency = latency
+
+    def answered(self, latency_s: float, on_time: bool) -> None:
+        """An OK answer after ``latency_s``; ``on_time`` when it met its deadline (goodput)."""
+        self.outcomes["ok"].inc()
+        self.latency.observe(latency_s)
+        if on_time:
+            self.goodput.inc()
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaSample:
-    """One replica's state at scrape time."""
+    """One replica's routing state."""
 
     replica_id: str
     version: str
@@ -66,13 +129,74 @@ class ReplicaSample:
     latency_estimate_s: float
     cost_intercept_s: float
     cost_per_token_s: float
+    breaker: str = "closed"
 
 
-class _ReplicaCollector(Collector):
-    def __init__(self, source: Callable[[], Iterable[ReplicaSample]]) -> None:
-        self._source = source
+@dataclass(slots=True)
+class GatewaySnapshot:
+    """Everything the gateway exports that is read rather than counted, taken on the loop."""
+
+    replicas: list[ReplicaSample] = field(default_factory=list)
+    # (model, version) -> replicas the router may send new batches to (not draining, breaker
+    # not open); every version the controller routes to is present, 0 when none is left.
+    routable: dict[tuple[str, str], int] = field(default_factory=dict)
+    # (model, version) -> share of new sessions, 0..1, as the gateway applies it.
+    weights: dict[tuple[str, str], float] = field(default_factory=dict)
+    # tenant -> tokens of predicted work in its bucket now (negative while paying off).
+    quota_tokens: dict[str, float] = field(default_factory=dict)
+
+
+class LoopSnapshot(Generic[T]):
+    """A value computed on the event loop that owns its inputs, read from any thread.
+
+    From the loop's own thread it is computed at once; from another (the metrics HTTP
+    server's) the computation is handed to the loop and awaited for at most ``timeout_s`` —
+    a loop too busy or wedged to answer yields the previous value instead of a torn read.
+    """
+
+    def __init__(self, compute: Callable[[], T], initial: T, timeout_s: float = 1.0) -> None:
+        self._compute = compute
+        self._last = initial
+        self._timeout_s = timeout_s
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def bind(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+
+    def read(self) -> T:
+        loop = self._loop
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if loop is None or on_loop or loop.is_closed():
+            self._last = self._compute()
+            return self._last
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+
+        def compute() -> None:
+            try:
+                future.set_result(self._compute())
+            except BaseException as exc:
+                future.set_exception(exc)
+
+        try:
+            loop.call_soon_threadsafe(compute)
+            self._last = future.result(self._timeout_s)
+        except (RuntimeError, concurrent.futures.TimeoutError):
+            pass  # loop closed or not answering: the previous value
+        return self._last
+
+
+class _SnapshotCollector(Collector):
+    def __init__(self, snapshot: LoopSnapshot[GatewaySnapshot]) -> None:
+        self._snapshot = snapshot
+
+    def describe(self) -> list[GaugeMetricFamily]:
+        return []  # computed on the loop: never at registration
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
+        snap = self._snapshot.read()
         labels = ["replica", "version"]
         latency = GaugeMetricFamily(
             "halcyon_gateway_replica_latency_estimate_seconds",
@@ -92,13 +216,42 @@ class _ReplicaCollector(Collector):
             "Learned marginal cost per token, per replica.",
             labels=labels,
         )
-        for s in self._source():
+        breaker = GaugeMetricFamily(
+            "halcyon_gateway_replica_breaker_state",
+            "Circuit breaker state per replica: 1 for the current state, 0 for the others.",
+            labels=[*labels, "state"],
+        )
+        for s in snap.replicas:
             key = [s.replica_id, s.version]
             latency.add_metric(key, s.latency_estimate_s)
             inflight.add_metric(key, s.inflight)
             intercept.add_metric(key, s.cost_intercept_s)
             per_token.add_metric(key, s.cost_per_token_s)
-        yield from (latency, inflight, intercept, per_token)
+            for state in BREAKER_STATES:
+                breaker.add_metric([*key, state], 1.0 if s.breaker == state else 0.0)
+        routable = GaugeMetricFamily(
+            "halcyon_gateway_routable_replicas",
+            "Replicas that may take new batches (not draining, breaker not open), per version.",
+            labels=["model", "version"],
+        )
+        for (model, version), n in sorted(snap.routable.items()):
+            routable.add_metric([model, version], n)
+        weight = GaugeMetricFamily(
+            "halcyon_gateway_version_weight",
+            "Share of new sessions the gateway sends to each version (0..1), from the "
+            "controller's rollout weights.",
+            labels=["model", "version"],
+        )
+        for (model, version), w in sorted(snap.weights.items()):
+            weight.add_metric([model, version], w)
+        quota = GaugeMetricFamily(
+            "halcyon_gateway_quota_available_tokens",
+            "Tokens of predicted work left in each tenant's quota bucket.",
+            labels=["tenant"],
+        )
+        for tenant, tokens in sorted(snap.quota_tokens.items()):
+            quota.add_metric([tenant], tokens)
+        yield from (latency, inflight, intercept, per_token, breaker, routable, weight, quota)
 
 
 class GatewayMetrics:
@@ -106,6 +259,7 @@ class GatewayMetrics:
 
     def __init__(self, registry: CollectorRegistry, hooks: ScrapeHooks) -> None:
         """``hooks`` flush the buffered counters; registered in ``registry`` before this."""
+        self._hooks = hooks
 
         def labeled(
             name: str, doc: str, label: str, values: tuple[str, ...]
@@ -116,18 +270,37 @@ class GatewayMetrics:
             hooks.add_counters(counters.values())
             return counters
 
-        self.requests = labeled(
+        self._requests = Counter(
             "halcyon_gateway_requests",
-            "Infer calls by how they ended (ok or the ErrorInfo reason, lower-cased).",
-            "outcome",
-            REQUEST_OUTCOMES,
+            "Infer calls by tenant, model, version and how they ended (ok or the ErrorInfo "
+            "reason, lower-cased).",
+            ["tenant", "model", "version", "outcome"],
+            registry=registry,
         )
-        self.shed = labeled(
+        self._goodput = Counter(
+            "halcyon_gateway_goodput",
+            "Infer calls answered OK within their deadline, by tenant, model and version.",
+            ["tenant", "model", "version"],
+            registry=registry,
+        )
+        self._latency = LoopHistogram(  # observed once per request, on the event loop
+            "halcyon_gateway_request_seconds",
+            "Latency of successful Infer calls, receipt to answer, by tenant, model and version.",
+            ["tenant", "model", "version"],
+            buckets=_LATENCY_BUCKETS,
+            registry=registry,
+        )
+        self._series: dict[tuple[str, str, str], RequestSeries] = {}
+        shed = Counter(
             "halcyon_gateway_shed",
-            "Requests refused or dropped by the gateway, by reason.",
-            "reason",
-            SHED_REASONS,
+            "Requests refused or dropped by the gateway, by reason and (effective) priority.",
+            ["reason", "priority"],
+            registry=registry,
         )
+        self.shed: dict[tuple[str, str], BufferedCounter] = {
+            (r, p): BufferedCounter(shed.labels(r, p)) for r in SHED_REASONS for p in PRIORITIES
+        }
+        hooks.add_counters(self.shed.values())
         self.flushes = labeled(
             "halcyon_gateway_batch_flushes",
             "Dispatched batches by flush reason.",
@@ -139,12 +312,6 @@ class GatewayMetrics:
             "Hedged dispatches: fired, won (the hedge answered first), lost, declined.",
             "result",
             HEDGE_RESULTS,
-        )
-        self.latency = LoopHistogram(  # observed once per request, on the event loop
-            "halcyon_gateway_request_seconds",
-            "Latency of successful Infer calls, receipt to answer.",
-            buckets=_LATENCY_BUCKETS,
-            registry=registry,
         )
         self.batch_size = Histogram(
             "halcyon_gateway_batch_size",
@@ -190,5 +357,30 @@ class GatewayMetrics:
         )
         self._registry = registry
 
-    def watch_replicas(self, source: Callable[[], Iterable[ReplicaSample]]) -> None:
-        self._registry.register(_ReplicaCollector(source))
+    def series(self, tenant: str, model: str, version: str) -> RequestSeries:
+        """The bound request metrics of (tenant, model, version); created on first use.
+
+        Callers keep label values inside their domains (module docstring): the number of
+        series is the product of configured tenants, served models and routed versions.
+        """
+        key = (tenant, model, version)
+        series = self._series.get(key)
+        if series is None:
+            outcomes = {
+                o: BufferedCounter(self._requests.labels(tenant, model, version, o))
+                for o in REQUEST_OUTCOMES
+            }
+            goodput = BufferedCounter(self._goodput.labels(tenant, model, version))
+            self._hooks.add_counters([*outcomes.values(), goodput])
+            series = RequestSeries(outcomes, goodput, self._latency.labels(tenant, model, version))
+            self._series[key] = series
+        return series
+
+    def count_shed(self, reason: str, priority: str) -> None:
+        counter = self.shed.get((reason, priority))
+        if counter is not None:
+            counter.inc()
+
+    def watch(self, snapshot: LoopSnapshot[GatewaySnapshot]) -> None:
+        """Export ``snapshot`` (replicas, routable versions, weights, quotas) at every scrape."""
+        self._registry.register(_SnapshotCollector(snapshot))

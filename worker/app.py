@@ -133,7 +133,6 @@ class WorkerApp:
             replica=self.replica,
             drain=self.drain,
             metrics=self.metrics,
-            tracer=tracer,
         )
         self.host.add_service(
             worker_pb2_grpc.add_WorkerServiceServicer_to_server, self.servicer, SERVICE_NAME
@@ -142,7 +141,7 @@ class WorkerApp:
         # only if that endpoint cannot attach.
         self.host.add_raw_unary(
             RawUnaryEndpoint(
-                EXECUTE_BATCH_METHOD, RawExecuteBatch(self.servicer), self.host.grpc_metrics
+                EXECUTE_BATCH_METHOD, RawExecuteBatch(self.servicer, tracer), self.host.grpc_metrics
             )
         )
         self.identity: ReplicaIdentity | None = None

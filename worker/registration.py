@@ -28,6 +28,7 @@ import grpc.aio
 from common.auth import bearer_metadata
 from common.backoff import Backoff
 from common.rng import Rng, SeededRng
+from common.tracing import client_interceptors
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 from worker.metrics import WorkerMetrics
 
@@ -99,9 +100,13 @@ class ControllerSession:
         if self._task is not None:
             raise RuntimeError("session already started")
         if self._credentials is not None:
-            self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+            self._channel = grpc.aio.secure_channel(
+                self.target, self._credentials, interceptors=client_interceptors()
+            )
         else:
-            self._channel = grpc.aio.insecure_channel(self.target)
+            self._channel = grpc.aio.insecure_channel(
+                self.target, interceptors=client_interceptors()
+            )
         self._task = asyncio.get_running_loop().create_task(self._run(), name="worker-session")
 
     async def wait_registered(self, timeout_s: float) -> None:

@@ -4,7 +4,9 @@ What it decides: nothing of substance — it is the thin adapter the design asks
 are validated by :mod:`worker.validation`, run by :class:`~worker.replica.Replica`, and every
 failure is turned into a status by :func:`worker.rejections.to_rich_error` and sent with
 :func:`common.errors.abort`, all in one place. ExecuteBatch continues the caller's trace: its
-span is a child of the W3C context in the call metadata (the gateway's batch span).
+RPC span (the OpenTelemetry interceptor's on the grpc.aio path, the same span made by
+:class:`RawExecuteBatch` on the completion-queue path) is a child of the W3C context in the
+call metadata, and :meth:`WorkerService.execute` adds what the batch was and how it ended.
 """
 
 from __future__ import annotations
@@ -12,19 +14,19 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Iterable
-from contextlib import AbstractContextManager, nullcontext
 from typing import Any
 
 import grpc
 import grpc.aio
 from google.protobuf.message import DecodeError
+from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from common.durations import to_duration, to_seconds
 from common.errors import RichError, abort, invalid_argument
 from common.raw_unary import RawCall
-from common.tracing import extract_context, spans_recorded
+from common.tracing import end_rpc_span, spans_recorded, start_server_span
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome, WorkerMetrics
@@ -72,7 +74,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         replica: Replica,
         drain: Callable[[float], Awaitable[DrainResult]],
         metrics: WorkerMetrics,
-        tracer: trace.Tracer | None = None,
     ) -> None:
         """``identity`` is read per call (the advertised address is known only after bind);
         ``drain`` is the process's whole drain (readiness off, replica drain, deregister)."""
@@ -80,7 +81,6 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         self._replica = replica
         self._drain = drain
         self._metrics = metrics
-        self._tracer = tracer if tracer is not None else trace.get_tracer("halcyon.worker")
 
     async def ExecuteBatch(
         self, request: worker_pb2.ExecuteBatchRequest, context: grpc.aio.ServicerContext
@@ -93,47 +93,49 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     async def execute(
         self, request: worker_pb2.ExecuteBatchRequest, metadata: Iterable[tuple[str, Any]] | None
     ) -> worker_pb2.ExecuteBatchResponse | RichError:
-        """Run one batch: its response, or the typed error to send. Cancellation propagates."""
+        """Run one batch: its response, or the typed error to send. Cancellation propagates.
+
+        The call's RPC span is current (or nothing records it): the batch's facts go on it.
+        """
         identity = self._identity()
-        span_scope: AbstractContextManager[trace.Span] = (
-            self._tracer.start_as_current_span(
-                f"{SERVICE_NAME}/ExecuteBatch",  # the RPC span name OpenTelemetry conventions use
-                context=extract_context(metadata),
-                kind=SpanKind.SERVER,
-                attributes={
+        span = trace.get_current_span()
+        if span.is_recording():
+            span.set_attributes(
+                {
                     "halcyon.batch_id": request.batch_id,
                     "halcyon.replica_id": identity.replica_id,
                     "halcyon.model": request.model,
                     "halcyon.version": request.version,
                     "halcyon.batch_size": len(request.items),
-                },
+                }
             )
-            if spans_recorded()
-            else nullcontext(trace.INVALID_SPAN)  # nothing would record it (common.tracing)
-        )
-        with span_scope as span:
-            try:
-                items = parse_batch(request, identity)
-                result = await self._replica.execute(request.batch_id, items)
-            except asyncio.CancelledError:
-                self._metrics.observe_outcome(BatchOutcome.CANCELLED)
-                span.set_attribute("halcyon.outcome", BatchOutcome.CANCELLED.value)
-                raise
-            except Exception as exc:
-                err, outcome = to_rich_error(exc)
-                if err.reason is None:  # not one of ours: a bug worth a traceback
-                    _log.error("unexpected ExecuteBatch failure", exc_info=exc)
-                span.set_attribute("halcyon.outcome", outcome.value)
-                span.set_status(Status(StatusCode.ERROR, str(err)))
-            else:
-                self._metrics.observe_outcome(BatchOutcome.OK)
-                self._metrics.observe_completed(
-                    result.device_time_s, len(result.outputs), result.batch_tokens
+        try:
+            items = parse_batch(request, identity)
+            result = await self._replica.execute(request.batch_id, items)
+        except asyncio.CancelledError:
+            self._metrics.observe_outcome(BatchOutcome.CANCELLED)
+            span.set_attribute("halcyon.outcome", BatchOutcome.CANCELLED.value)
+            raise
+        except Exception as exc:
+            err, outcome = to_rich_error(exc)
+            if err.reason is None:  # not one of ours: a bug worth a traceback
+                _log.error("unexpected ExecuteBatch failure", exc_info=exc)
+            span.set_attribute("halcyon.outcome", outcome.value)
+            span.set_status(Status(StatusCode.ERROR, str(err)))
+        else:
+            self._metrics.observe_outcome(BatchOutcome.OK)
+            self._metrics.observe_completed(
+                result.device_time_s, len(result.outputs), result.batch_tokens
+            )
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "halcyon.outcome": BatchOutcome.OK.value,
+                        "halcyon.batch_tokens": result.batch_tokens,
+                        "halcyon.device_time_ms": result.device_time_s * 1000.0,
+                    }
                 )
-                span.set_attribute("halcyon.outcome", BatchOutcome.OK.value)
-                span.set_attribute("halcyon.batch_tokens", result.batch_tokens)
-                span.set_attribute("halcyon.device_time_ms", result.device_time_s * 1000.0)
-                return _response(identity.replica_id, result)
+            return _response(identity.replica_id, result)
         self._metrics.observe_outcome(outcome)
         return err
 
@@ -163,34 +165,53 @@ class RawExecuteBatch:
     """Thin completion-queue adapter for ExecuteBatch (``common.raw_unary``; ADR 0006): the
     same :meth:`WorkerService.execute`, without grpc.aio's per-call machinery."""
 
-    def __init__(self, service: WorkerService) -> None:
+    def __init__(self, service: WorkerService, tracer: trace.Tracer | None = None) -> None:
         self._service = service
+        self._tracer = tracer if tracer is not None else trace.get_tracer("halcyon.worker")
         self._running: set[asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]] = set()
 
     def __call__(self, call: RawCall) -> None:
+        # The span the OpenTelemetry interceptor makes on the grpc.aio path, when recorded.
+        span = (
+            start_server_span(self._tracer, EXECUTE_BATCH_METHOD, call.metadata, call.peer())
+            if spans_recorded()
+            else None
+        )
         try:
             request = worker_pb2.ExecuteBatchRequest.FromString(call.request)
         except DecodeError:
-            call.reject(invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest"))
+            err = invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest")
+            call.reject(err)
+            if span is not None:
+                end_rpc_span(span, err.code, err.message)
             return
-        task = asyncio.ensure_future(self._service.execute(request, call.metadata))
+        if span is None:
+            task = asyncio.ensure_future(self._service.execute(request, call.metadata))
+        else:  # the task runs with the span current (it copies the context it starts in)
+            token = otel_context.attach(trace.set_span_in_context(span))
+            try:
+                task = asyncio.ensure_future(self._service.execute(request, call.metadata))
+            finally:
+                otel_context.detach(token)
         self._running.add(task)
         # A cancelled call (the gateway's hedge loser, a passed deadline) frees the device.
         call.on_cancel = task.cancel
 
         def answer(done: asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]) -> None:
             self._running.discard(done)
+            code, details = grpc.StatusCode.OK, ""
             if done.cancelled():
-                return
-            exc = done.exception()
-            if exc is not None:
+                code = grpc.StatusCode.CANCELLED
+            elif (exc := done.exception()) is not None:
                 _log.error("unexpected ExecuteBatch failure", exc_info=exc)
-                call.fail(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
-                return
-            outcome = done.result()
-            if isinstance(outcome, RichError):
+                code, details = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
+                call.fail(code, details)
+            elif isinstance(outcome := done.result(), RichError):
+                code, details = outcome.code, outcome.message
                 call.reject(outcome)
             else:
                 call.reply(outcome.SerializeToString())
+            if span is not None:
+                end_rpc_span(span, code, details)
 
         task.add_done_callback(answer)

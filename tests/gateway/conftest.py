@@ -172,9 +172,16 @@ class RunningGateway:
         return int(reply.status)
 
     def sample(self, name: str, labels: dict[str, str] | None = None) -> float:
-        """A value from the gateway's Prometheus registry (0.0 when the series is absent)."""
-        value = self.app.host.registry.get_sample_value(name, labels or {})
-        return 0.0 if value is None else value
+        """The sum of the samples ``name`` in the gateway's registry whose labels include
+        ``labels`` (0.0 when there are none): ``{"outcome": "ok"}`` adds up every tenant,
+        model and version."""
+        want = (labels or {}).items()
+        return sum(
+            s.value
+            for family in self.app.host.registry.collect()
+            for s in family.samples
+            if s.name == name and all(s.labels.get(k) == v for k, v in want)
+        )
 
     async def stop(self) -> None:
         """Shut down (idempotent): drain the gateway, close the client, stop the server."""

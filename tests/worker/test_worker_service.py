@@ -286,8 +286,15 @@ async def test_execute_batch_span_continues_the_callers_trace(
         metadata = (*w.metadata, *inject_metadata())
         await w.execute(w.batch(("a", 10, 10), batch_id="traced"), metadata=metadata)
     finished = {s.name: s for s in spans.get_finished_spans()}
-    span = finished["halcyon.v1.WorkerService/ExecuteBatch"]
+    # Named and attributed as OpenTelemetry's gRPC instrumentation names RPC spans.
+    span = finished["/halcyon.v1.WorkerService/ExecuteBatch"]
     assert span.kind == SpanKind.SERVER
+    assert span.attributes is not None
+    assert span.attributes["rpc.system"] == "grpc"
+    assert span.attributes["rpc.service"] == "halcyon.v1.WorkerService"
+    assert span.attributes["rpc.method"] == "ExecuteBatch"
+    assert span.attributes["rpc.grpc.status_code"] == 0
+    assert span.attributes["net.peer.name"] == "localhost"
     assert span.parent is not None
     assert span.parent.span_id == parent.get_span_context().span_id
     assert span.context.trace_id == parent.get_span_context().trace_id
