@@ -111,7 +111,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--controller",
         type=hostport,
         metavar="HOST:PORT",
-        help="controller to register with; without it the worker runs standalone",
+        help="controller to register with (default: none; the worker runs standalone and "
+        "only gateways told its address can use it)",
     )
     fleet.add_argument(
         "--advertise",

@@ -48,6 +48,21 @@ class Objective(StrEnum):
     ON_TIME_REQUESTS = "on_time_requests"  # the number of requests finished by their deadline
     ON_TIME_TOKENS = "on_time_tokens"  # the tokens of those requests (large work not singled out)
 
+    @property
+    def flag(self) -> str:
+        """The ``--objective`` spelling shared by gateway and bench: ``requests`` / ``tokens``."""
+        return self.value.removeprefix("on_time_")
+
+    @classmethod
+    def parse(cls, text: str) -> Objective:
+        """``requests`` / ``tokens``, or the older ``on_time_requests`` / ``on_time_tokens``."""
+        name = text.strip().lower()
+        for objective in cls:
+            if name in (objective.flag, objective.value):
+                return objective
+        allowed = ", ".join(o.flag for o in cls)
+        raise ValueError(f"unknown objective {text!r}; expected one of {allowed}")
+
 
 @dataclass(slots=True, eq=False)
 class BatchItem(Generic[P]):
