@@ -247,6 +247,29 @@ class FleetManager:
             self.notify_changed()
         return member
 
+    def undrain(self, replica_id: str, reason: str) -> tuple[Member, bool]:
+        """Withdraw a drain: send an UndrainCommand on the replica's stream.
+
+        Returns the member and whether it was draining (nothing is sent if it was not).
+        Gateways route to it again when its heartbeat reports it takes work. Raises
+        registry.UnknownMember if the replica is not a member.
+        """
+        current = self.registry.get(replica_id)
+        if current is not None and not current.draining:
+            return current, False
+        before = self.registry.generation
+        member = self.registry.cancel_drain(replica_id)
+        handle = self._sessions.get(replica_id)
+        if handle is not None:
+            handle.send(
+                control_pb2.WorkerSessionResponse(undrain=control_pb2.UndrainCommand(reason=reason))
+            )
+        self._event(FleetEventKind.UNDRAINED, member, reason)
+        _log.info("undrain requested", extra={"replica_id": replica_id, "reason": reason})
+        if self.registry.generation != before:
+            self.notify_changed()
+        return member, True
+
     # -- expiry -------------------------------------------------------------------------------
 
     def _expired(self, member: Member, detail: str) -> None:

@@ -182,7 +182,8 @@ class FleetRegistry:
         return renewed
 
     def request_drain(self, replica_id: str) -> Member:
-        """Mark a member draining at once (an operator asked), until it re-registers."""
+        """Mark a member draining at once (an operator asked), until it re-registers or an
+        operator undrains it."""
         member = self._current(replica_id, None)
         if member.drain_requested:
             return member
@@ -191,6 +192,21 @@ class FleetRegistry:
         if drained.draining != member.draining:
             self._bump()
         return drained
+
+    def cancel_drain(self, replica_id: str) -> Member:
+        """Withdraw an operator's drain request (an operator undrained it).
+
+        The member stays draining while the worker still reports ``draining``: gateways
+        route to it again only once its heartbeat says it takes work, not before.
+        """
+        member = self._current(replica_id, None)
+        if not member.drain_requested:
+            return member
+        undrained = replace(member, drain_requested=False)
+        self._members[replica_id] = undrained
+        if undrained.draining != member.draining:
+            self._bump()
+        return undrained
 
     def remove(self, replica_id: str, session: int | None = None) -> Member | None:
         """End a membership (its session closed). Returns the member, or None if it was not one.
@@ -220,7 +236,10 @@ class FleetRegistry:
     def _current(self, replica_id: str, session: int | None) -> Member:
         member = self._members.get(replica_id)
         if member is None or (session is not None and member.session != session):
-            raise UnknownMember(f"replica {replica_id!r} is not a fleet member")
+            raise UnknownMember(
+                f"replica {replica_id!r} is not a fleet member; GetState lists the replicas "
+                "registered now"
+            )
         return member
 
     def get(self, replica_id: str) -> Member | None:
