@@ -57,22 +57,28 @@ def unreachable_error(parts: PredictionParts | None, predicted_in_s: float | Non
     }
     idle = parts.queued_requests == 0 and parts.on_device == 0.0 and parts.batch_mates == 0
     if idle:
+        margin = f" + {_ms(parts.margin)} safety margin" if parts.margin >= 0.00005 else ""
         return deadline_unreachable(
             f"the deadline cannot be met: {_ms(left)} were left, and with nothing queued and "
             f"no replica busy the request alone is predicted to take {_ms(total)} "
-            f"({_ms(parts.own)} of its own work + {_ms(parts.margin)} safety margin); "
-            "allow more time or ask for fewer max_output_tokens (retrying unchanged cannot "
-            "help)",
+            f"({_ms(parts.own)} of its own work{margin}); allow more time or ask for fewer "
+            "max_output_tokens (retrying unchanged cannot help)",
             total,
             deadline_s=left,
             parts_s=figures,
         )
-    queued = (
-        f"{_ms(parts.queued_ahead)} for the batches queued ahead "
-        f"({_requests(parts.queued_requests)} waiting)"
-        if parts.queued_requests
-        else "nothing queued"
-    )
+    if not parts.queued_requests:
+        queued = "nothing queued"
+    elif parts.queued_ahead < 0.00005:
+        queued = (
+            "nothing queued ahead of it on that replica "
+            f"({_requests(parts.queued_requests)} waiting in all)"
+        )
+    else:
+        queued = (
+            f"{_ms(parts.queued_ahead)} for the batches queued ahead of it "
+            f"({_requests(parts.queued_requests)} waiting in all)"
+        )
     sharing = (
         f"{_ms(parts.sharing_batch)} for the {_requests(parts.batch_mates)} ahead of it in "
         "its batch"
@@ -83,7 +89,8 @@ def unreachable_error(parts: PredictionParts | None, predicted_in_s: float | Non
         f"the deadline cannot be met: {_ms(left)} were left and the request is predicted to "
         f"finish in {_ms(total)}: {_ms(parts.on_device)} until the replica finishes the batch "
         f"on its device, {queued}, {sharing}, {_ms(parts.own)} of its own work and "
-        f"{_ms(parts.margin)} safety margin; allow more time or retry when the queue is shorter",
+        f"{_ms(parts.margin)} safety margin (cost uncertainty, more urgent arrivals); allow "
+        "more time or retry when the queue is shorter",
         total,
         deadline_s=left,
         parts_s=figures,

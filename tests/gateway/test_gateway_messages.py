@@ -66,10 +66,15 @@ def test_unreachable_behind_busy_work_names_every_part() -> None:
     text = err.message
     assert "60.0 ms were left" in text and "predicted to finish in 152.3 ms" in text
     assert _ms(text, "until the replica finishes the batch on its device") == 40.0
-    assert _ms(text, r"for the batches queued ahead \(12 requests waiting\)") == 80.0
+    assert _ms(text, r"for the batches queued ahead of it \(12 requests waiting in all\)") == 80.0
     assert _ms(text, "for the 3 requests ahead of it in its batch") == 10.0
     assert _ms(text, "of its own work") == 20.0
     assert _ms(text, "safety margin") == 2.3
+    # An earlier deadline goes first: requests waiting, none of them ahead of it.
+    first = PredictionParts(deadline_in=0.01, on_device=0.03, own=0.005, queued_requests=6)
+    assert "nothing queued ahead of it on that replica (6 requests waiting in all)" in (
+        unreachable_error(first, first.total).message
+    )
     assert err.metadata["deadline_ms"] == "60.000"
     assert err.metadata["predicted_completion_ms"] == "152.300"
     assert err.metadata["queued_ahead_ms"] == "80.000"
