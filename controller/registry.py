@@ -184,14 +184,7 @@ class FleetRegistry:
     def request_drain(self, replica_id: str) -> Member:
         """Mark a member draining at once (an operator asked), until it re-registers or an
         operator undrains it."""
-        member = self._current(replica_id, None)
-        if member.drain_requested:
-            return member
-        drained = replace(member, drain_requested=True)
-        self._members[replica_id] = drained
-        if drained.draining != member.draining:
-            self._bump()
-        return drained
+        return self._set_drain_requested(replica_id, True)
 
     def cancel_drain(self, replica_id: str) -> Member:
         """Withdraw an operator's drain request (an operator undrained it).
@@ -199,14 +192,17 @@ class FleetRegistry:
         The member stays draining while the worker still reports ``draining``: gateways
         route to it again only once its heartbeat says it takes work, not before.
         """
+        return self._set_drain_requested(replica_id, False)
+
+    def _set_drain_requested(self, replica_id: str, requested: bool) -> Member:
         member = self._current(replica_id, None)
-        if not member.drain_requested:
+        if member.drain_requested == requested:
             return member
-        undrained = replace(member, drain_requested=False)
-        self._members[replica_id] = undrained
-        if undrained.draining != member.draining:
+        changed = replace(member, drain_requested=requested)
+        self._members[replica_id] = changed
+        if changed.draining != member.draining:
             self._bump()
-        return undrained
+        return changed
 
     def remove(self, replica_id: str, session: int | None = None) -> Member | None:
         """End a membership (its session closed). Returns the member, or None if it was not one.
