@@ -157,7 +157,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except (OSError, ValueError) as exc:
-        _log.error("invalid gateway configuration", extra={"error": str(exc)})
+        what = (
+            f"cannot read {exc.filename}: {exc.strerror or exc}"
+            if isinstance(exc, OSError) and exc.filename is not None
+            else str(exc)
+        )
+        _log.error(
+            "invalid gateway configuration",
+            extra={
+                "error": f"{what}; check --tenants (format: "
+                "gateway/admission/tenants.example.yaml) and the --tls-* files"
+            },
+        )
         return 2
 
     def after_start() -> None:

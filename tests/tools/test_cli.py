@@ -190,3 +190,14 @@ def test_objective_has_one_vocabulary_with_the_old_spelling_accepted() -> None:
     bench = dict((a.dest, a) for a, _ in _options("bench"))["objective"]
     gateway = dict((a.dest, a) for a, _ in _options("gateway"))["objective"]
     assert set(gateway.choices or ()) | {"both"} == set(bench.choices or ())
+
+
+def test_a_server_with_a_missing_config_file_says_which_flag(tmp_path: Path) -> None:
+    missing = tmp_path / "tenants.yaml"
+    proc = _halcyon(
+        "gateway", "--tenants", str(missing), "--listen", "127.0.0.1:0", "--metrics-listen", "off"
+    )
+    assert proc.returncode == 2
+    errors = [line for line in proc.stderr.splitlines() if '"ERROR"' in line]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr
+    assert f"cannot read {missing}: No such file or directory; check --tenants" in errors[0]
