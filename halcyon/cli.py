@@ -52,7 +52,7 @@ class ShowDefaults(argparse.HelpFormatter):
 
     Options without a value (``store_true``, ``--help``) and options whose default is None
     are left alone: for those the help text itself must say what happens when they are
-    absent (``tests/tools/test_cli_help.py`` checks every subcommand).
+    absent (``tests/tools/test_halcyon_cli.py`` checks every subcommand).
     """
 
     def _get_help_string(self, action: argparse.Action) -> str | None:
