@@ -23,13 +23,35 @@ from bench.runner import Cell, Workload, run_cells
 from bench.sim import DeviceModel, SimResult
 from bench.strategies import HALCYON_TOKENS, STRATEGIES, Strategy
 from bench.workload import WorkloadSpec
+from common.argtypes import non_negative, positive, probability
+from gateway.batching import Objective
 
 DEFAULT_RATES = (40.0, 90.0, 200.0, 260.0)
 DEFAULT_SEED = 0xC0FFEE
 
 
 def _int_auto(text: str) -> int:
-    return int(text, 0)  # accepts 0xC0FFEE as well as 12648430
+    try:
+        return int(text, 0)  # accepts 0xC0FFEE as well as 12648430
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not an integer (e.g. 7 or 0xC0FFEE)"
+        ) from None
+
+
+def _objective_flag(text: str) -> str:
+    """``requests`` / ``tokens`` / ``both``; the gateway's older spellings are accepted too."""
+    try:
+        return Objective.parse(text).flag
+    except ValueError:
+        return text  # "both", or an unknown value that argparse's choices check names
+
+
+def _positive_int(text: str) -> int:
+    value = _int_auto(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} must be at least 1")
+    return value
 
 
 def _rates(text: str) -> list[float]:
@@ -48,7 +70,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--scenario",
         choices=("batching", "fleet", "herd"),
         default="batching",
-        help="batching strategies on one device (default), routing across a fleet, or a herd",
+        help="batching strategies on one device, routing across a fleet, or a herd of "
+        "gateways (default %(default)s)",
     )
     wl = parser.add_argument_group("workload (batching)")
     wl.add_argument(
@@ -58,7 +81,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="offered loads in requests/s, comma-separated (default 40,90,200,260)",
     )
     wl.add_argument(
-        "--duration", type=float, default=None, help="seconds of arrivals (default 120)"
+        "--duration",
+        type=positive,
+        default=None,
+        metavar="SECONDS",
+        help="seconds of arrivals (default 120; with --trace, the trace's span; "
+        "herd always runs 5 s)",
     )
     wl.add_argument(
         "--seed",
@@ -66,44 +94,101 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_SEED,
         help="trace seed, mulberry32 (default 0xC0FFEE, the published trace)",
     )
-    wl.add_argument("--urgent-share", type=float, default=0.3, help="share of urgent requests")
-    wl.add_argument("--urgent-slo-ms", type=float, default=120.0, help="urgent deadline (ms)")
-    wl.add_argument("--relaxed-slo-ms", type=float, default=900.0, help="relaxed deadline (ms)")
-    wl.add_argument("--size-mu", type=float, default=4.8, help="log-normal mu of request tokens")
     wl.add_argument(
-        "--size-sigma", type=float, default=0.9, help="log-normal sigma of request tokens"
+        "--urgent-share",
+        type=probability,
+        default=0.3,
+        metavar="FRACTION",
+        help="share of urgent requests (default %(default)s)",
+    )
+    wl.add_argument(
+        "--urgent-slo-ms",
+        type=positive,
+        default=120.0,
+        metavar="MS",
+        help="urgent deadline after arrival (default %(default)s)",
+    )
+    wl.add_argument(
+        "--relaxed-slo-ms",
+        type=positive,
+        default=900.0,
+        metavar="MS",
+        help="relaxed deadline after arrival (default %(default)s)",
+    )
+    wl.add_argument(
+        "--size-mu",
+        type=float,
+        default=4.8,
+        help="log-normal mu of request tokens (default %(default)s)",
+    )
+    wl.add_argument(
+        "--size-sigma",
+        type=non_negative,
+        default=0.9,
+        help="log-normal sigma of request tokens (default %(default)s)",
     )
     wl.add_argument(
         "--arrivals",
         choices=("poisson", "bursty"),
         default="poisson",
-        help="Poisson, or on/off bursts (2 s at twice the rate, 2 s at none; same mean)",
+        help="Poisson, or on/off bursts (2 s at twice the rate, 2 s at none; same mean) "
+        "(default %(default)s)",
     )
     wl.add_argument(
         "--trace",
         metavar="FILE",
         default=None,
         help='replay JSON lines {"arrival_ms", "tokens", "deadline_ms", "cohort"} '
-        "instead of a synthetic trace (--rates and the shape flags are then ignored)",
+        "instead of a synthetic trace (--rates and the shape flags are then ignored; "
+        "default: synthetic)",
     )
     dev = parser.add_argument_group("device")
-    dev.add_argument("--intercept-ms", type=float, default=18.0, help="fixed ms per batch")
-    dev.add_argument("--ms-per-token", type=float, default=0.022, help="ms per batch token")
-    dev.add_argument("--jitter", type=float, default=0.08, help="uniform ± share of duration")
+    dev.add_argument(
+        "--intercept-ms",
+        type=float,
+        default=18.0,
+        metavar="MS",
+        help="fixed cost per batch (default %(default)s)",
+    )
+    dev.add_argument(
+        "--ms-per-token",
+        type=float,
+        default=0.022,
+        metavar="MS",
+        help="marginal cost per batch token (default %(default)s)",
+    )
+    dev.add_argument(
+        "--jitter",
+        type=float,
+        default=0.08,
+        metavar="FRACTION",
+        help="uniform ± share of each batch's duration, in [0, 1) (default %(default)s)",
+    )
     out = parser.add_argument_group("output")
     out.add_argument(
         "--objective",
-        choices=("requests", "tokens", "both"),
-        default="requests",
-        help="what Halcyon maximises under overload: on-time requests (default), on-time "
-        "tokens, or both as separate rows",
+        type=_objective_flag,
+        choices=(*(o.flag for o in Objective), "both"),
+        default=Objective.ON_TIME_REQUESTS.flag,
+        help="what Halcyon maximises under overload: on-time requests, on-time tokens (as "
+        "'halcyon gateway --objective'), or both as separate rows (default %(default)s)",
     )
     out.add_argument("--json", action="store_true", help="one JSON object per (strategy, rate)")
-    out.add_argument("--plot", metavar="FILE.png", default=None, help="goodput and p99 vs load")
+    out.add_argument(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="also draw goodput and p99 against load into this file (default: no plot)",
+    )
     out.add_argument(
         "--progress", action="store_true", help="progress on stderr even when not a terminal"
     )
-    out.add_argument("--workers", type=int, default=2, help="processes to run cells in (default 2)")
+    out.add_argument(
+        "--workers",
+        type=_positive_int,
+        default=2,
+        help="processes to run cells in (default %(default)s)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -277,6 +362,7 @@ def format_table(results: Sequence[SimResult]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    configure(parser)
-    return run(parser.parse_args(argv))
+    """``python -m bench``: exactly ``halcyon bench`` (same help, errors and exit codes)."""
+    from halcyon.cli import main as halcyon_main
+
+    return halcyon_main(["bench", *(sys.argv[1:] if argv is None else argv)])

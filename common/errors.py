@@ -16,7 +16,7 @@ delay (refill time, predicted drain), never a constant chosen here.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, NoReturn
@@ -56,6 +56,8 @@ DETAILS_KEY = "grpc-status-details-bin"
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
 # ErrorInfo metadata key under which deadline_unreachable carries its prediction.
 PREDICTED_COMPLETION_MS = "predicted_completion_ms"
+# ... and the time that was left to the deadline it was compared with.
+DEADLINE_MS = "deadline_ms"
 
 
 class Reason(StrEnum):
@@ -232,17 +234,20 @@ def not_found_model(model: str) -> RichError:
     )
 
 
-def quota_exceeded(tenant: str, retry_after_s: float, description: str) -> RichError:
+def quota_exceeded(tenant: str, retry_after_s: float | None, description: str) -> RichError:
     """A tenant over its quota: RESOURCE_EXHAUSTED + QuotaFailure + RetryInfo.
 
-    ``retry_after_s`` is the caller's computed refill time for the tokens the request needs.
+    ``retry_after_s`` is the caller's computed refill time for the tokens the request needs;
+    ``None`` or infinite (a bucket that never refills) sends no RetryInfo, since waiting
+    cannot help.
     """
+    retry = retry_after_s if retry_after_s is not None and math.isfinite(retry_after_s) else None
     return RichError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
         f"tenant {tenant!r} is over quota: {description}",
         reason=Reason.QUOTA_EXCEEDED,
         metadata={"tenant": tenant},
-        retry_after_s=retry_after_s,
+        retry_after_s=retry,
         quota_violations=[QuotaViolation(f"tenant:{tenant}", description)],
     )
 
@@ -254,15 +259,28 @@ def unavailable(reason: Reason, message: str, retry_after_s: float | None) -> Ri
     )
 
 
-def deadline_unreachable(message: str, predicted_completion_s: float | None = None) -> RichError:
+def deadline_unreachable(
+    message: str,
+    predicted_completion_s: float | None = None,
+    *,
+    deadline_s: float | None = None,
+    parts_s: Mapping[str, float] | None = None,
+) -> RichError:
     """A request that provably cannot finish in time: DEADLINE_EXCEEDED, rejected up front.
 
     ``predicted_completion_s`` is the predicted time to completion in seconds from now; it
     travels as ErrorInfo metadata ``predicted_completion_ms`` (decimal, microsecond precision).
+    ``deadline_s`` (time left to the deadline) travels as ``deadline_ms`` and each of
+    ``parts_s`` (the prediction's parts, in seconds) as ``<name>_ms``, so a client can show
+    what the prediction was made of without parsing the message.
     """
     metadata: dict[str, str] = {}
     if predicted_completion_s is not None:
         metadata[PREDICTED_COMPLETION_MS] = f"{predicted_completion_s * 1000.0:.3f}"
+    if deadline_s is not None:
+        metadata[DEADLINE_MS] = f"{deadline_s * 1000.0:.3f}"
+    for name, seconds in (parts_s or {}).items():
+        metadata[f"{name}_ms"] = f"{seconds * 1000.0:.3f}"
     return RichError(
         grpc.StatusCode.DEADLINE_EXCEEDED,
         message,

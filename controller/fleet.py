@@ -234,15 +234,49 @@ class FleetManager:
 
         Raises registry.UnknownMember if the replica is not a member.
         """
+        command = control_pb2.WorkerSessionResponse(drain=control_pb2.DrainCommand(reason=reason))
+        return self._operator_command(replica_id, True, command, FleetEventKind.DRAINED, reason)
+
+    def undrain(self, replica_id: str, reason: str) -> tuple[Member, bool]:
+        """Withdraw a drain: send an UndrainCommand on the replica's stream.
+
+        Returns the member and whether it was draining (nothing is sent if it was not).
+        Gateways route to it again when its heartbeat reports it takes work. Raises
+        registry.UnknownMember if the replica is not a member.
+        """
+        current = self.registry.get(replica_id)
+        if current is not None and not current.draining:
+            return current, False
+        command = control_pb2.WorkerSessionResponse(
+            undrain=control_pb2.UndrainCommand(reason=reason)
+        )
+        member = self._operator_command(
+            replica_id, False, command, FleetEventKind.UNDRAINED, reason
+        )
+        return member, True
+
+    def _operator_command(
+        self,
+        replica_id: str,
+        drain: bool,
+        command: control_pb2.WorkerSessionResponse,
+        kind: FleetEventKind,
+        reason: str,
+    ) -> Member:
+        """Record an operator's drain or undrain, tell the worker, publish if routing changed."""
         before = self.registry.generation
-        member = self.registry.request_drain(replica_id)
+        if drain:
+            member = self.registry.request_drain(replica_id)
+        else:
+            member = self.registry.cancel_drain(replica_id)
         handle = self._sessions.get(replica_id)
         if handle is not None:
-            handle.send(
-                control_pb2.WorkerSessionResponse(drain=control_pb2.DrainCommand(reason=reason))
-            )
-        self._event(FleetEventKind.DRAINED, member, reason)
-        _log.info("drain requested", extra={"replica_id": replica_id, "reason": reason})
+            handle.send(command)
+        self._event(kind, member, reason)
+        _log.info(
+            "drain requested" if drain else "undrain requested",
+            extra={"replica_id": replica_id, "reason": reason},
+        )
         if self.registry.generation != before:
             self.notify_changed()
         return member

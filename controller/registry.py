@@ -182,15 +182,27 @@ class FleetRegistry:
         return renewed
 
     def request_drain(self, replica_id: str) -> Member:
-        """Mark a member draining at once (an operator asked), until it re-registers."""
+        """Mark a member draining at once (an operator asked), until it re-registers or an
+        operator undrains it."""
+        return self._set_drain_requested(replica_id, True)
+
+    def cancel_drain(self, replica_id: str) -> Member:
+        """Withdraw an operator's drain request (an operator undrained it).
+
+        The member stays draining while the worker still reports ``draining``: gateways
+        route to it again only once its heartbeat says it takes work, not before.
+        """
+        return self._set_drain_requested(replica_id, False)
+
+    def _set_drain_requested(self, replica_id: str, requested: bool) -> Member:
         member = self._current(replica_id, None)
-        if member.drain_requested:
+        if member.drain_requested == requested:
             return member
-        drained = replace(member, drain_requested=True)
-        self._members[replica_id] = drained
-        if drained.draining != member.draining:
+        changed = replace(member, drain_requested=requested)
+        self._members[replica_id] = changed
+        if changed.draining != member.draining:
             self._bump()
-        return drained
+        return changed
 
     def remove(self, replica_id: str, session: int | None = None) -> Member | None:
         """End a membership (its session closed). Returns the member, or None if it was not one.
@@ -220,7 +232,10 @@ class FleetRegistry:
     def _current(self, replica_id: str, session: int | None) -> Member:
         member = self._members.get(replica_id)
         if member is None or (session is not None and member.session != session):
-            raise UnknownMember(f"replica {replica_id!r} is not a fleet member")
+            raise UnknownMember(
+                f"replica {replica_id!r} is not a fleet member; GetState lists the replicas "
+                "registered now"
+            )
         return member
 
     def get(self, replica_id: str) -> Member | None:

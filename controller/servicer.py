@@ -23,7 +23,7 @@ import grpc.aio
 
 from common.auth import Role
 from common.errors import Reason, RichError, abort, invalid_argument
-from controller import rollout_requests
+from controller import drain_advice, rollout_requests
 from controller.convert import (
     WallClock,
     decision_to_pb,
@@ -256,7 +256,24 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             member = self._fleet.drain(request.replica_id, "operator request")
         except UnknownMember as exc:
             await self._fail(context, exc)
-        return control_pb2.DrainReplicaResponse(replica=member_to_pb(member, self._wall))
+        return control_pb2.DrainReplicaResponse(
+            replica=member_to_pb(member, self._wall), next_steps=drain_advice.after_drain(member)
+        )
+
+    async def UndrainReplica(
+        self, request: control_pb2.UndrainReplicaRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.UndrainReplicaResponse:
+        if not request.replica_id.strip():
+            await self._fail(context, invalid_argument("replica_id", "is required"))
+        try:
+            member, was_draining = self._fleet.undrain(request.replica_id, "operator request")
+        except UnknownMember as exc:
+            await self._fail(context, exc)
+        return control_pb2.UndrainReplicaResponse(
+            replica=member_to_pb(member, self._wall),
+            was_draining=was_draining,
+            next_steps=drain_advice.after_undrain(member, was_draining),
+        )
 
     async def StartRollout(
         self, request: control_pb2.StartRolloutRequest, context: grpc.aio.ServicerContext

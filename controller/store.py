@@ -72,6 +72,7 @@ class FleetEventKind(StrEnum):
     EXPIRED = "expired"
     REMOVED = "removed"
     DRAINED = "drained"
+    UNDRAINED = "undrained"
 
 
 @dataclass(frozen=True)

@@ -38,7 +38,6 @@ from common.errors import (
     Reason,
     RichError,
     deadline_missed,
-    deadline_unreachable,
     parse_rpc_error,
     unavailable,
 )
@@ -54,6 +53,7 @@ from gateway.batching import (
     OnlineCostModel,
     Rejected,
 )
+from gateway.rejections import unreachable_error
 from gateway.routing import (
     BreakerState,
     HedgePolicy,
@@ -165,9 +165,8 @@ def rejection_error(rejected: Rejected | Dropped[PendingRequest], now: float) ->
     reason = rejected.reason
     predicted = rejected.predicted_completion
     if reason is DropReason.DEADLINE_UNREACHABLE:
-        return deadline_unreachable(
-            "the deadline cannot be met: the work queued ahead, the work sharing its batch and "
-            "the work on the device finish too late",
+        return unreachable_error(
+            rejected.parts if isinstance(rejected, Rejected) else None,
             None if predicted is None else max(0.0, predicted - now),
         )
     if reason is DropReason.DEADLINE_MISSED:

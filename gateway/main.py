@@ -45,6 +45,14 @@ controller has told it about at least one replica.
 """
 
 
+def _objective_flag(text: str) -> str:
+    """An ``--objective`` value in the shared spelling (older spellings accepted)."""
+    try:
+        return Objective.parse(text).flag
+    except ValueError:
+        return text  # argparse's choices check names the allowed values
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``halcyon gateway`` flags to ``parser``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -54,7 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--controller",
         type=hostport,
         metavar="HOST:PORT",
-        help="controller to subscribe to for fleet membership and rollout weights",
+        help="controller to subscribe to for fleet membership and rollout weights "
+        "(default: none, and a gateway without one has no replicas and never becomes ready)",
     )
     fleet.add_argument(
         "--fleet-token",
@@ -81,9 +90,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     policy.add_argument(
         "--objective",
-        choices=[o.value for o in Objective],
-        default=Objective.ON_TIME_REQUESTS.value,
-        help="what the batcher maximises under overload (default %(default)s)",
+        type=_objective_flag,
+        choices=[o.flag for o in Objective],
+        default=Objective.ON_TIME_REQUESTS.flag,
+        help="what the batcher maximises under overload: on-time requests or on-time tokens, "
+        "as in 'halcyon bench --objective' (default %(default)s; on_time_requests and "
+        "on_time_tokens are accepted too)",
     )
     policy.add_argument(
         "--linger-ms",
@@ -133,7 +145,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         fleet_token=fleet_token,
         default_timeout_s=args.default_timeout,
         seed=args.seed,
-        objective=Objective(args.objective),
+        objective=Objective.parse(args.objective),
         linger_s=max(0.0, args.linger_ms) / 1000.0,
         controller_tls=peer_tls,
         worker_tls=peer_tls,
@@ -150,7 +162,18 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from_args(args)
     except (OSError, ValueError) as exc:
-        _log.error("invalid gateway configuration", extra={"error": str(exc)})
+        what = (
+            f"cannot read {exc.filename}: {exc.strerror or exc}"
+            if isinstance(exc, OSError) and exc.filename is not None
+            else str(exc)
+        )
+        _log.error(
+            "invalid gateway configuration",
+            extra={
+                "error": f"{what}; check --tenants (format: "
+                "gateway/admission/tenants.example.yaml) and the --tls-* files"
+            },
+        )
         return 2
 
     def after_start() -> None:

@@ -45,11 +45,16 @@ __all__ = [
     "RequestSeries",
 ]
 
-# Every way an Infer call can end (the ``outcome`` label): OK or an ErrorInfo reason.
+# Every way an Infer call can end (the ``outcome`` label): ``ok``, ``cancelled`` (the client
+# went away) or the lower-cased ErrorInfo reason, except three groupings: MISSING_CREDENTIALS
+# and INVALID_CREDENTIALS count as ``unauthenticated``, INVALID_FIELD as ``invalid_argument``,
+# and OVERLOADED with ``shed=goodput`` as ``shed_for_goodput`` (README "Metrics"; a test keeps
+# the two in step).
 REQUEST_OUTCOMES = (
     "ok",
     "invalid_argument",
     "unauthenticated",
+    "wrong_role",
     "unknown_model",
     "quota_exceeded",
     "overloaded",

@@ -9,6 +9,21 @@ The request mix follows the original system's load test: max output tokens unifo
 [64, 255], one session key per client, a 2 s deadline carried as the gRPC deadline. Requests
 are serialized once up front so the load generator spends its CPU on calls, not on protobuf.
 
+What it counts, and why separately: a request (one logical call, however many attempts) ends
+*successful* (OK), *rejected* (any other Halcyon status: an ``ErrorInfo`` in the
+``halcyon.dev`` domain) or *lost* (no Halcyon answer: a client-side deadline the server never
+answered, a broken connection, a status without Halcyon's ``ErrorInfo``). It is *on time* if it
+succeeded within ``--deadline-ms`` of its first attempt. Answered, successful and on-time rates
+are reported apart because a gateway that answers 3,500 req/s of ``QUOTA_EXCEEDED`` is not
+serving 3,500 req/s.
+
+Retries: by default none. ``--honor-retry-info`` makes a client wait what the server's
+``RetryInfo`` (or ``grpc-retry-pushback-ms``) says and send the same request again, so a quota
+test measures the quota rather than a retry storm; ``--retry-immediately`` resends at once on
+every load rejection (``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``, ``DEADLINE_EXCEEDED``,
+``ABORTED``), which *is* a retry storm. Every attempt gets a fresh ``--deadline-ms``; no retry
+is sent after the run's end. ``--json`` adds a per-second timeline of attempt outcomes.
+
 With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total`` and
 batch-size histogram before and after the run and reports the gateway's CPU time per request
 and how many batches it dispatched for them.
@@ -17,6 +32,7 @@ and how many batches it dispatched for them.
 from __future__ import annotations
 
 import argparse
+import heapq
 import itertools
 import json
 import math
@@ -32,15 +48,30 @@ from typing import Any
 
 import grpc
 
-from common.errors import parse_rpc_error
+from common.errors import DOMAIN, RichError, parse_rpc_error
 from halcyon.v1 import infer_pb2
 
 INFER_METHOD = "/halcyon.v1.InferService/Infer"
+# Rejections a retry-storm client (--retry-immediately) resends: the load-related ones. An
+# invalid request or a bad key fails the same way every time, so not even a storm retries it.
+LOAD_REJECTIONS = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        grpc.StatusCode.ABORTED,
+    }
+)
 
 
 @dataclass
 class Tally:
-    """Everything measured during a run; one per process, merged at the end."""
+    """Everything measured during a run; one per process, merged at the end.
+
+    ``outcomes`` has one entry per request (its final answer: ``OK``, ``CODE/REASON`` for a
+    Halcyon rejection, the bare ``CODE`` for a lost one); ``rejected`` counts every rejected
+    *attempt* by reason, so with retries it shows how often the server said no.
+    """
 
     started: float = 0.0
     latencies_ms: list[float] = field(default_factory=list)
@@ -51,16 +82,37 @@ class Tally:
     versions: Counter[str] = field(default_factory=Counter)
     batch_sizes: list[int] = field(default_factory=list)
     hedged: int = 0
-    sent: int = 0
+    sent: int = 0  # attempts, retries included
     client_dropped: int = 0
+    on_time: int = 0
+    lost: int = 0
+    retries: int = 0
+    unfinished: int = 0  # retry due after the end of the run: neither answered nor lost
+    rejected: Counter[str] = field(default_factory=Counter)
+    # timeline[s]: attempt outcomes in second s of the run ("ok", "on_time", "lost",
+    # "rejected/REASON").
+    timeline: list[Counter[str]] = field(default_factory=list)
 
     @property
     def ok(self) -> int:
         return self.outcomes.get("OK", 0)
 
     @property
-    def answered(self) -> int:
+    def requests(self) -> int:
+        """Requests that ended, however they ended."""
         return sum(self.outcomes.values())
+
+    @property
+    def answered(self) -> int:
+        """Requests that ended with a Halcyon answer (OK or a Halcyon rejection)."""
+        return self.requests - self.lost
+
+    def mark(self, second: int, *labels: str) -> None:
+        while len(self.timeline) <= second:
+            self.timeline.append(Counter())
+        bucket = self.timeline[second]
+        for label in labels:
+            bucket[label] += 1
 
 
 def _quantile(sorted_values: list[float], q: float) -> float:
@@ -84,6 +136,58 @@ def _request_pool(model: str, session: str, rng: random.Random, size: int = 32) 
     return pool
 
 
+def is_halcyon_answer(err: RichError) -> bool:
+    """True if the status came from Halcyon (its ErrorInfo), not from the transport."""
+    return err.reason is not None and err.domain == DOMAIN
+
+
+@dataclass(slots=True)
+class _Request:
+    """One logical request: its payload, when it was first sent, what to do when it ends."""
+
+    payload: bytes
+    first_sent: float
+    then: Callable[[], None] | None
+
+
+class _RetryTimer:
+    """One thread that sends delayed retries in due order (a heap), instead of a timer each."""
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, int, Callable[[], None]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="loadtest-retries", daemon=True)
+        self._thread.start()
+
+    def call_at(self, due: float, fn: Callable[[], None]) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), fn))
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if not self._heap:
+                    if self._closed:
+                        return
+                    self._cond.wait()
+                    continue
+                delay = self._heap[0][0] - time.perf_counter()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                _, _, fn = heapq.heappop(self._heap)
+            fn()
+
+
 class LoadGenerator:
     """Sends pre-serialized Infer requests and records how each one ended.
 
@@ -99,9 +203,11 @@ class LoadGenerator:
         self.metadata = (("x-api-key", args.api_key),)
         self.deadline_s = args.deadline_ms / 1000.0
         self._lock = threading.Lock()
-        self._outstanding = 0
+        self._outstanding = 0  # requests begun and not ended (waiting retries included)
         self._idle = threading.Condition(self._lock)
+        self._t0 = 0.0
         self._stop_at = 0.0
+        self._retry_timer: _RetryTimer | None = None
         self.channel = grpc.insecure_channel(args.target)
         self.call = self.channel.unary_unary(
             INFER_METHOD,
@@ -109,42 +215,88 @@ class LoadGenerator:
             response_deserializer=infer_pb2.InferResponse.FromString,
         )
 
-    def _send(self, payload: bytes, then: Callable[[], None] | None) -> None:
+    def _retry_delay(self, err: RichError) -> float | None:
+        """Seconds to wait before resending after this rejection; None = do not retry."""
+        if getattr(self.args, "retry_immediately", False):
+            return 0.0 if err.code in LOAD_REJECTIONS else None
+        if getattr(self.args, "honor_retry_info", False):
+            return err.retry_after_s  # None when the server gave no retry advice
+        return None
+
+    def _begin(self, payload: bytes, then: Callable[[], None] | None) -> None:
+        request = _Request(payload, time.perf_counter(), then)
         with self._lock:
             self._outstanding += 1
+        self._attempt(request)
+
+    def _attempt(self, request: _Request) -> None:
+        with self._lock:
             self.tally.sent += 1
         t0 = time.perf_counter()
-        future = self.call.future(payload, timeout=self.deadline_s, metadata=self.metadata)
-        future.add_done_callback(lambda f: self._done(f, t0, then))
+        future = self.call.future(request.payload, timeout=self.deadline_s, metadata=self.metadata)
+        future.add_done_callback(lambda f: self._done(f, request, t0))
 
-    def _done(self, future: grpc.Future, t0: float, then: Callable[[], None] | None) -> None:
-        elapsed_ms = (time.perf_counter() - t0) * 1000.0
+    def _done(self, future: grpc.Future, request: _Request, t0: float) -> None:
+        now = time.perf_counter()
         err = future.exception()
+        retry_after: float | None = None
+        cut_off = False
         with self._lock:
             tally = self.tally
+            second = int(now - self._t0)
             if err is None:
                 resp = future.result()
-                tally.latencies_ms.append(elapsed_ms)
+                total_s = now - request.first_sent
+                tally.latencies_ms.append(total_s * 1000.0)
                 execution = resp.timings.execution
                 tally.added_ms.append(
-                    elapsed_ms - (execution.seconds * 1e3 + execution.nanos / 1e6)
+                    (now - t0) * 1000.0 - (execution.seconds * 1e3 + execution.nanos / 1e6)
                 )
                 tally.outcomes["OK"] += 1
                 tally.versions[resp.version] += 1
                 tally.batch_sizes.append(resp.batch.size)
                 if resp.hedged:
                     tally.hedged += 1
+                if total_s <= self.deadline_s:
+                    tally.on_time += 1
+                    tally.mark(second, "ok", "on_time")
+                else:
+                    tally.mark(second, "ok")
             else:
                 assert isinstance(err, grpc.RpcError)
                 rich = parse_rpc_error(err)
-                code = err.code() if callable(getattr(err, "code", None)) else None
-                name = code.name if code is not None else "UNKNOWN"
-                tally.outcomes[name + (f"/{rich.reason}" if rich.reason else "")] += 1
-            self._outstanding -= 1
-            if self._outstanding == 0:
-                self._idle.notify_all()
-        if then is not None and time.perf_counter() < self._stop_at:
-            then()
+                name = rich.code.name
+                if not is_halcyon_answer(rich):
+                    tally.lost += 1
+                    tally.outcomes[name] += 1
+                    tally.mark(second, "lost")
+                else:
+                    reason = str(rich.reason)
+                    tally.rejected[reason] += 1
+                    tally.mark(second, f"rejected/{reason}")
+                    retry_after = self._retry_delay(rich)
+                    if retry_after is None:
+                        tally.outcomes[f"{name}/{reason}"] += 1
+                    elif now + retry_after < self._stop_at:
+                        tally.retries += 1
+                    else:
+                        # Its retry would fall after the run: the request has not ended, and
+                        # its client (waiting past the end) sends nothing more.
+                        tally.unfinished += 1
+                        cut_off = True
+            if retry_after is None or cut_off:
+                self._outstanding -= 1
+                if self._outstanding == 0:
+                    self._idle.notify_all()
+        if cut_off:
+            return
+        if retry_after is not None:
+            if retry_after <= 0.0 or self._retry_timer is None:
+                self._attempt(request)
+            else:
+                self._retry_timer.call_at(now + retry_after, lambda: self._attempt(request))
+        elif request.then is not None and time.perf_counter() < self._stop_at:
+            request.then()
 
     def _closed_loop(self) -> None:
         for i in range(self.args.clients):
@@ -152,7 +304,7 @@ class LoadGenerator:
             counter = itertools.count()
 
             def next_call(pool: list[bytes] = pool, counter: Iterator[int] = counter) -> None:
-                self._send(pool[next(counter) % len(pool)], next_call)
+                self._begin(pool[next(counter) % len(pool)], next_call)
 
             next_call()
 
@@ -173,20 +325,22 @@ class LoadGenerator:
                 self.tally.client_dropped += 1
                 continue
             pool = pools[self.rng.randrange(len(pools))]
-            self._send(pool[self.rng.randrange(len(pool))], None)
+            self._begin(pool[self.rng.randrange(len(pool))], None)
 
     def _progress(self, stop: threading.Event) -> None:
         last_n, last_t = 0, time.perf_counter()
         while not stop.wait(1.0):
             now = time.perf_counter()
             with self._lock:
-                n = self.tally.answered
+                n = self.tally.requests
                 ok = self.tally.ok
+                lost = self.tally.lost
                 lat = sorted(self.tally.latencies_ms[-2000:])
             print(
-                f"\r[{now - self.tally.started:5.1f}s] {n:7d} answered  "
+                f"\r[{now - self._t0:5.1f}s] {n:7d} requests  "
                 f"{(n - last_n) / (now - last_t):7.1f} req/s  "
-                f"ok {100.0 * ok / max(1, n):6.2f}%  p99 {_quantile(lat, 0.99):6.1f} ms",
+                f"ok {100.0 * ok / max(1, n):6.2f}%  lost {lost}  "
+                f"p99 {_quantile(lat, 0.99):6.1f} ms",
                 end="",
                 file=sys.stderr,
                 flush=True,
@@ -198,10 +352,12 @@ class LoadGenerator:
             grpc.channel_ready_future(self.channel).result(timeout=self.args.connect_timeout)
         except grpc.FutureTimeoutError:
             raise ConnectionError(
-                f"no gateway answered at {self.args.target} within {self.args.connect_timeout:g} s"
+                f"no gateway answered at {self.args.target} within "
+                f"{self.args.connect_timeout:g} s; start one (make stack) or pass --target"
             ) from None
-        self.tally.started = time.perf_counter()
-        self._stop_at = self.tally.started + self.args.seconds
+        self._t0 = self.tally.started = time.perf_counter()
+        self._stop_at = self._t0 + self.args.seconds
+        self._retry_timer = _RetryTimer()
         stop = threading.Event()
         show = self.args.progress or (sys.stderr.isatty() and not self.args.json)
         progress = threading.Thread(target=self._progress, args=(stop,), daemon=True)
@@ -214,7 +370,8 @@ class LoadGenerator:
         with self._idle:
             while self._outstanding or time.perf_counter() < self._stop_at:
                 self._idle.wait(timeout=max(0.01, self._stop_at - time.perf_counter()))
-        elapsed = time.perf_counter() - self.tally.started
+        elapsed = time.perf_counter() - self._t0
+        self._retry_timer.close()
         stop.set()
         if show:
             progress.join()
@@ -267,15 +424,60 @@ def read_gateway_counters(metrics_address: str) -> GatewayCounters | None:
     return None if cpu is None else GatewayCounters(cpu, batches, batched)
 
 
+def _timeline(tally: Tally) -> list[dict[str, Any]]:
+    """Per second since the start: ok, on time, lost and rejections by reason (attempts)."""
+    rows = []
+    for second, bucket in enumerate(tally.timeline):
+        rejected = {
+            label.split("/", 1)[1]: n
+            for label, n in sorted(bucket.items())
+            if label.startswith("rejected/")
+        }
+        rows.append(
+            {
+                "t": second,
+                "ok": bucket.get("ok", 0),
+                "on_time": bucket.get("on_time", 0),
+                "rejected": rejected,
+                "lost": bucket.get("lost", 0),
+            }
+        )
+    return rows
+
+
 def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> dict[str, Any]:
     lat = sorted(tally.latencies_ms)
     added = sorted(tally.added_ms)
-    answered = tally.answered
+    requests = tally.requests
+    # Attempts the gateway answered (successes plus every rejection, retries included): what
+    # its CPU was spent on.
+    served_attempts = tally.ok + sum(tally.rejected.values())
+
+    def per_s(n: int) -> float:
+        return n / elapsed if elapsed else 0.0
+
+    def share(n: int) -> float:
+        return n / requests if requests else 0.0
+
     return {
-        "requests": answered,
-        "success_rate": tally.ok / answered if answered else 0.0,
-        "throughput_rps": answered / elapsed if elapsed else 0.0,
-        "goodput_rps": tally.ok / elapsed if elapsed else 0.0,
+        "requests": requests,
+        "answered": tally.answered,
+        "ok": tally.ok,
+        "on_time": tally.on_time,
+        "lost": tally.lost,
+        "attempts": tally.sent,
+        "retries": tally.retries,
+        "unfinished": tally.unfinished,
+        "success_rate": share(tally.ok),
+        "on_time_rate": share(tally.on_time),
+        "lost_rate": share(tally.lost),
+        "answered_rps": per_s(tally.answered),
+        "success_rps": per_s(tally.ok),
+        "on_time_rps": per_s(tally.on_time),
+        # Kept for older readers: throughput counts successful answers only (a rejection is
+        # not throughput), goodput the on-time ones.
+        "throughput_rps": per_s(tally.ok),
+        "goodput_rps": per_s(tally.on_time),
         "p50_ms": _quantile(lat, 0.50),
         "p95_ms": _quantile(lat, 0.95),
         "p99_ms": _quantile(lat, 0.99),
@@ -287,11 +489,12 @@ def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> 
         else 0.0,
         "hedge_rate": tally.hedged / tally.ok if tally.ok else 0.0,
         "outcomes": dict(sorted(tally.outcomes.items())),
+        "rejected": dict(sorted(tally.rejected.items())),
         "versions": dict(sorted(tally.versions.items())),
         "client_dropped": tally.client_dropped,
         "elapsed_s": elapsed,
-        "gateway_cpu_ms_per_request": (gateway.cpu_seconds * 1000.0 / answered)
-        if gateway is not None and answered
+        "gateway_cpu_ms_per_request": (gateway.cpu_seconds * 1000.0 / served_attempts)
+        if gateway is not None and served_attempts
         else None,
         # The gateway's own count over all its traffic in the run (this client's, normally):
         # batches dispatched and the plain mean of their sizes, where ``mean_batch_size`` above
@@ -302,25 +505,45 @@ def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> 
         "gateway_requests_per_batch": gateway.batched_requests / gateway.batches
         if gateway is not None and gateway.batches and gateway.batched_requests is not None
         else None,
+        "timeline": _timeline(tally),
     }
 
 
+def _counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{k} {v}" for k, v in counts.items()) or "-"
+
+
 def render(report: dict[str, Any]) -> str:
+    requests = report["requests"]
     lines = [
-        f"  requests        {report['requests']:<10d}  success rate    "
-        f"{100.0 * report['success_rate']:.2f}%",
-        f"  throughput      {report['throughput_rps']:.1f} req/s   goodput "
-        f"{report['goodput_rps']:.1f} req/s",
+        f"  requests        {requests:<10d}  answered {report['answered']}, "
+        f"lost {report['lost']}"
+        + (
+            f"   ({report['attempts']} attempts, {report['retries']} retries; "
+            f"{report['unfinished']} cut off by the end of the run)"
+            if report["retries"] or report["unfinished"]
+            else ""
+        ),
+        f"  answered        {report['answered_rps']:.1f} req/s   (any Halcyon answer, "
+        "rejections included)",
+        f"  successful      {report['success_rps']:.1f} req/s   "
+        f"success rate {100.0 * report['success_rate']:.2f}%",
+        f"  on time         {report['on_time_rps']:.1f} req/s   "
+        f"{100.0 * report['on_time_rate']:.2f}% of requests succeeded within their deadline",
         f"  p50/p95/p99     {report['p50_ms']:.1f} / {report['p95_ms']:.1f} / "
-        f"{report['p99_ms']:.1f} ms   (max {report['max_ms']:.1f} ms)",
+        f"{report['p99_ms']:.1f} ms   (max {report['max_ms']:.1f} ms; successful requests, "
+        "from the first attempt)",
         f"  added latency   p50 {report['added_p50_ms']:.2f} / p99 {report['added_p99_ms']:.2f} ms"
         "   (end to end minus the worker's device time)",
         f"  mean batch size {report['mean_batch_size']:.2f}   hedge rate "
         f"{100.0 * report['hedge_rate']:.2f}%",
-        "  outcomes        " + ", ".join(f"{k} {v}" for k, v in report["outcomes"].items()),
-        "  versions        "
-        + (", ".join(f"{k} {v}" for k, v in report["versions"].items()) or "-"),
+        "  outcomes        " + _counts(report["outcomes"]) + "   (final answer per request)",
     ]
+    if report["rejected"]:
+        lines.append(
+            "  rejections      " + _counts(report["rejected"]) + "   (every rejected attempt)"
+        )
+    lines.append("  versions        " + _counts(report["versions"]))
     if report["client_dropped"]:
         lines.append(
             f"  client dropped  {report['client_dropped']} (open loop over --max-inflight)"
@@ -339,25 +562,57 @@ def render(report: dict[str, Any]) -> str:
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Drive a running gateway with closed-loop clients (--clients) or open-loop Poisson "
-        "arrivals (--rate) and report success, throughput, latency quantiles, the latency "
-        "added on top of device time, batch sizes, "
-        "outcomes by status/reason, hedge rate and version split."
+        "arrivals (--rate) and report answered, successful and on-time rates, lost requests, "
+        "latency quantiles, the latency added on top of device time, batch sizes, outcomes "
+        "and rejections by reason, hedge rate and version split."
     )
-    parser.add_argument("--target", default="127.0.0.1:50051", help="gateway host:port")
-    parser.add_argument("--api-key", default="demo-key-premium", help="tenant API key")
-    parser.add_argument("--model", default="llama-3-8b", help="model to call")
+    parser.add_argument(
+        "--target",
+        default="127.0.0.1:50051",
+        metavar="HOST:PORT",
+        help="gateway address (default 127.0.0.1:50051)",
+    )
+    parser.add_argument(
+        "--api-key", default="demo-key-premium", help="tenant API key (default demo-key-premium)"
+    )
+    parser.add_argument("--model", default="llama-3-8b", help="model to call (default llama-3-8b)")
     parser.add_argument("--clients", type=int, default=32, help="closed-loop clients (default 32)")
     parser.add_argument(
-        "--rate", type=float, default=0.0, help="open loop: Poisson arrivals per second"
+        "--rate",
+        type=float,
+        default=0.0,
+        help="open loop: Poisson arrivals per second; overrides --clients "
+        "(default 0 = closed loop)",
     )
     parser.add_argument("--seconds", type=float, default=20.0, help="run length (default 20)")
     parser.add_argument(
-        "--deadline-ms", type=float, default=2000.0, help="per-request deadline (default 2000)"
+        "--deadline-ms",
+        type=float,
+        default=2000.0,
+        help="per-attempt deadline, and the on-time bound from a request's first attempt "
+        "(default 2000)",
     )
     parser.add_argument(
-        "--max-inflight", type=int, default=4096, help="open loop: cap on outstanding requests"
+        "--max-inflight",
+        type=int,
+        default=4096,
+        help="open loop: cap on outstanding requests; arrivals over it are dropped by the "
+        "client (default 4096)",
     )
-    parser.add_argument("--seed", type=int, default=1, help="seed for the request mix")
+    parser.add_argument("--seed", type=int, default=1, help="seed for the request mix (default 1)")
+    retry = parser.add_mutually_exclusive_group()
+    retry.add_argument(
+        "--honor-retry-info",
+        action="store_true",
+        help="after a rejection with retry advice (RetryInfo / grpc-retry-pushback-ms), wait "
+        "that long and resend the same request (default: no retries)",
+    )
+    retry.add_argument(
+        "--retry-immediately",
+        action="store_true",
+        help="resend at once after every load rejection (UNAVAILABLE, RESOURCE_EXHAUSTED, "
+        "DEADLINE_EXCEEDED, ABORTED): a retry storm (default: no retries)",
+    )
     parser.add_argument(
         "--connect-timeout",
         type=float,
@@ -369,9 +624,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--gateway-metrics",
         metavar="HOST:PORT",
         help="gateway metrics address; reports the gateway's CPU time per request and the "
-        "batches it dispatched",
+        "batches it dispatched (default: not read)",
     )
-    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON object, with a per-second timeline of outcomes",
+    )
     parser.add_argument("--progress", action="store_true", help="live progress even off a TTY")
 
 
@@ -379,12 +638,24 @@ def run(args: argparse.Namespace) -> int:
     if args.clients < 1 and not args.rate:
         print("loadtest: --clients must be at least 1 (or give --rate)", file=sys.stderr)
         return 2
+    if args.rate < 0:
+        print(
+            "loadtest: --rate must be positive (or leave it out for a closed loop)", file=sys.stderr
+        )
+        return 2
     if args.seconds <= 0:
         print("loadtest: --seconds must be positive", file=sys.stderr)
         return 2
+    if args.deadline_ms <= 0:
+        print("loadtest: --deadline-ms must be positive", file=sys.stderr)
+        return 2
     before = read_gateway_counters(args.gateway_metrics) if args.gateway_metrics else None
     if args.gateway_metrics and before is None:
-        print(f"loadtest: cannot read {args.gateway_metrics}/metrics", file=sys.stderr)
+        print(
+            f"loadtest: cannot read http://{args.gateway_metrics}/metrics; running without "
+            "gateway figures (check --gateway-metrics)",
+            file=sys.stderr,
+        )
     gen = LoadGenerator(args)
     try:
         tally = gen.run()
@@ -396,6 +667,10 @@ def run(args: argparse.Namespace) -> int:
         tally, tally.started, after.minus(before) if after is not None and before else None
     )
     mode = f"open loop {args.rate:g} req/s" if args.rate else f"{args.clients} clients"
+    if args.honor_retry_info:
+        mode += ", honouring retry advice"
+    elif args.retry_immediately:
+        mode += ", retrying immediately"
     if args.json:
         print(json.dumps({"mode": mode, **report}))
     else:

@@ -6,9 +6,11 @@ What it decides: the order things happen in a worker's life.
   identity (id ``worker-<port>`` and advertised address default to the bound ones), become
   ready, then register with the controller (if one is configured);
 * drain (Drain RPC, the controller's drain command, or SIGTERM): readiness off, refuse new
-  batches, finish in-flight ones within the grace, deregister — one drain per process, every
-  trigger waits for the same one;
-* stop: close the controller session and the server.
+  batches, finish in-flight ones within the grace — every trigger waits for the same drain.
+  The replica stays registered, reporting ``draining``, so it can be put back;
+* undrain (Undrain RPC or the controller's undrain command): readiness on, take batches
+  again, report it at once — refused once the process is shutting down;
+* stop (SIGTERM after its drain, or :meth:`WorkerApp.stop`): deregister, close the server.
 
 Without ``controller`` the worker runs standalone (gateways can still be pointed at it).
 """
@@ -39,7 +41,7 @@ from worker.descriptor import ReplicaIdentity
 from worker.faults import FaultInjector
 from worker.metrics import WorkerMetrics
 from worker.registration import ControllerSession
-from worker.replica import DrainResult, Replica
+from worker.replica import DrainResult, Replica, ReplicaShuttingDown
 from worker.runtime import ModelRuntime, SimulatedDevice
 from worker.servicer import EXECUTE_BATCH_METHOD, SERVICE_NAME, RawExecuteBatch, WorkerService
 from worker.slots import SlotTable
@@ -132,6 +134,7 @@ class WorkerApp:
             identity=self._identity_now,
             replica=self.replica,
             drain=self.drain,
+            undrain=self.undrain,
             metrics=self.metrics,
         )
         self.host.add_service(
@@ -147,6 +150,7 @@ class WorkerApp:
         self.identity: ReplicaIdentity | None = None
         self.session: ControllerSession | None = None
         self._drain_task: asyncio.Task[DrainResult] | None = None
+        self._shutting_down = False
 
     def _identity_now(self) -> ReplicaIdentity:
         if self.identity is None:
@@ -198,6 +202,7 @@ class WorkerApp:
                 descriptor=identity.to_proto,
                 load=lambda: self.replica.load().to_proto(),
                 on_drain=lambda reason: self.drain(self.config.serving.grace_s, reason),
+                on_undrain=self.undrain,
                 channel_credentials=(
                     cfg.controller_tls.channel_credentials() if cfg.controller_tls else None
                 ),
@@ -210,7 +215,10 @@ class WorkerApp:
             _log.info("no --controller given: running standalone, not registered in a fleet")
 
     async def drain(self, grace_s: float, reason: str = "drain requested") -> DrainResult:
-        """Readiness off, finish or cancel in-flight batches, deregister. Idempotent."""
+        """Readiness off, finish or cancel in-flight batches; stay registered as draining.
+
+        Idempotent until :meth:`undrain`: every trigger waits for the same drain.
+        """
         if self._drain_task is None:
             _log.info("draining", extra={"reason": reason, "grace_s": grace_s})
             self._drain_task = asyncio.get_running_loop().create_task(self._drain(grace_s))
@@ -223,15 +231,37 @@ class WorkerApp:
         if self.session is not None:
             self.session.send_heartbeat_now()  # tell the controller now, not at the next beat
         result = await self.replica.drain(grace_s)
-        if self.session is not None:
-            await self.session.close()
         _log.info(
             "drained",
-            extra={"finished": result.batches_finished, "cancelled": result.batches_cancelled},
+            extra={
+                "finished": result.batches_finished,
+                "cancelled": result.batches_cancelled,
+                "registered": self.session is not None and self.session.connected,
+            },
         )
         return result
 
+    async def undrain(self, reason: str = "undrain requested") -> bool:
+        """Take work again after a drain; False if there was none to undo.
+
+        Raises :class:`ReplicaShuttingDown` once the process is stopping: that drain is final.
+        """
+        if self._shutting_down:
+            raise ReplicaShuttingDown(
+                "the worker is shutting down; start a new worker process instead"
+            )
+        if not self.replica.undrain():
+            return False
+        self._drain_task = None
+        self.metrics.draining.set(0)
+        self.host.set_ready(True)
+        if self.session is not None:
+            self.session.send_heartbeat_now()  # gateways route to it again from this beat
+        _log.info("undrained", extra={"reason": reason})
+        return True
+
     async def stop(self) -> None:
+        self._shutting_down = True
         if self.session is not None:
             await self.session.close()
         await self.host.stop()
@@ -248,4 +278,7 @@ class WorkerApp:
             await self.session.close()
 
     async def _drain_for_shutdown(self, grace_s: float) -> None:
+        self._shutting_down = True
         await self.drain(grace_s, "shutting down")
+        if self.session is not None:
+            await self.session.close()  # deregister: the controller removes it at once

@@ -112,7 +112,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--controller",
         type=hostport,
         metavar="HOST:PORT",
-        help="controller to register with; without it the worker runs standalone",
+        help="controller to register with (default: none; the worker runs standalone and "
+        "only gateways told its address can use it)",
     )
     fleet.add_argument(
         "--advertise",
@@ -228,6 +229,16 @@ def run(args: argparse.Namespace) -> int:
     except ServingFailed:
         return 1  # logged when the completion-queue path failed
     except OSError as exc:
-        _log.error("worker failed to start", extra={"error": str(exc)})
+        _log.error("worker failed to start", extra={"error": _start_error(exc)})
         return 1
     return 0
+
+
+def _start_error(exc: OSError) -> str:
+    """What went wrong at start-up and what to do about it, in one line."""
+    if exc.filename is not None:  # a TLS file that cannot be read
+        return (
+            f"cannot read {exc.filename}: {exc.strerror or exc}; check --tls-cert, --tls-key "
+            "and --tls-ca"
+        )
+    return f"{exc}; check --listen and --metrics-listen (port 0 picks a free port)"

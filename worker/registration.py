@@ -5,9 +5,10 @@ fleet credential, sends ``register`` (its descriptor, with the advertised addres
 for the ``Lease``, then sends a ``heartbeat`` with its current load every
 ``lease.heartbeat_interval``. When the stream breaks or is refused it reconnects with capped
 exponential backoff and jitter (reset once a lease is granted again). A ``drain`` message from
-the controller triggers the worker's drain in its own task (which ends by closing this
-session). :meth:`ControllerSession.close` half-closes the stream so the controller removes the
-replica at once rather than when the lease lapses.
+the controller triggers the worker's drain in its own task (the session stays open, heartbeats
+report ``draining``); an ``undrain`` message undoes it, and a later ``drain`` drains again.
+:meth:`ControllerSession.close` half-closes the stream so the controller removes the replica at
+once rather than when the lease lapses.
 
 Why a stream and not periodic unary calls: membership is the stream being open (design
 section 1) — a worker that dies takes its stream with it and leaves the fleet immediately.
@@ -60,6 +61,7 @@ class ControllerSession:
         descriptor: Callable[[], fleet_pb2.ReplicaDescriptor],
         load: Callable[[], fleet_pb2.ReplicaLoad],
         on_drain: Callable[[str], Coroutine[Any, Any, object]],
+        on_undrain: Callable[[str], Coroutine[Any, Any, object]] | None = None,
         channel_credentials: grpc.ChannelCredentials | None = None,
         backoff: Backoff | None = None,
         rng: Rng | None = None,
@@ -71,6 +73,7 @@ class ControllerSession:
         self._descriptor = descriptor
         self._load = load
         self._on_drain = on_drain
+        self._on_undrain = on_undrain
         self._credentials = channel_credentials
         self._backoff = backoff if backoff is not None else Backoff()
         self._rng: Rng = rng if rng is not None else SeededRng(0)
@@ -81,6 +84,7 @@ class ControllerSession:
         self._call: Any = None
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._drain_task: asyncio.Task[object] | None = None
+        self._undrain_task: asyncio.Task[object] | None = None
         self._closing = False
         self._registered = asyncio.Event()
         self._nudge = asyncio.Event()
@@ -236,10 +240,18 @@ class ControllerSession:
         elif kind == "drain":
             reason = message.drain.reason or "controller request"
             _log.info("controller asked to drain", extra={"reason": reason})
-            if self._drain_task is None:
-                # Its own task: the drain ends by closing this session, which waits for us.
+            if self._drain_task is None or self._drain_task.done():
+                # Its own task: a drain waits for in-flight batches, and reading goes on.
                 self._drain_task = asyncio.get_running_loop().create_task(
                     self._on_drain(reason), name="worker-drain"
+                )
+        elif kind == "undrain":
+            reason = message.undrain.reason or "controller request"
+            _log.info("controller asked to undrain", extra={"reason": reason})
+            self._drain_task = None  # the next drain command is a new drain
+            if self._on_undrain is not None:
+                self._undrain_task = asyncio.get_running_loop().create_task(
+                    self._on_undrain(reason), name="worker-undrain"
                 )
         else:
             _log.warning("ignoring unknown session message", extra={"kind": kind})

@@ -6,7 +6,8 @@ What it decides: the status, reason and retry advice for each way a batch can fa
                          backpressure, not a fault — the gateway retries elsewhere;
 * draining            -> UNAVAILABLE / REPLICA_DRAINING (no retry advice: not this replica);
 * device failure      -> INTERNAL / DEVICE_FAULT;
-* other model/version -> FAILED_PRECONDITION / WRONG_MODEL (stale fleet view; route elsewhere).
+* other model/version -> FAILED_PRECONDITION / WRONG_MODEL (stale fleet view; route elsewhere);
+* undrain while stopping -> FAILED_PRECONDITION / SHUTTING_DOWN (that drain is final).
 
 :func:`to_rich_error` turns any exception from validation or execution into the error to send
 and the ``outcome`` label to count, so the servicer has one ``except``.
@@ -29,6 +30,7 @@ __all__ = [
     "device_fault",
     "replica_busy",
     "replica_draining",
+    "shutting_down",
     "to_rich_error",
     "wrong_model",
 ]
@@ -49,6 +51,10 @@ def replica_busy(busy: SlotsBusy) -> RichError:
 
 def replica_draining(message: str) -> RichError:
     return unavailable(Reason.REPLICA_DRAINING, message, None)
+
+
+def shutting_down(message: str) -> RichError:
+    return RichError(grpc.StatusCode.FAILED_PRECONDITION, message, reason=Reason.SHUTTING_DOWN)
 
 
 def device_fault(message: str) -> RichError:

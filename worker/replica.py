@@ -2,8 +2,10 @@
 
 What it decides: whether a batch runs (not draining, a slot free — else refused at once),
 that the slot is released the moment the batch ends however it ends (success, device fault,
-the caller cancelling, a drain cutting it off), and how a drain goes: stop taking work, let
-in-flight batches finish within the grace, cancel what is left, report both counts.
+the caller cancelling, a drain cutting it off), how a drain goes: stop taking work, let
+in-flight batches finish within the grace, cancel what is left, report both counts — and
+that a drain can be undone (:meth:`Replica.undrain`): the replica takes work again, and a
+later drain is a new one.
 
 Each batch runs as its own task so a drain can cancel it and the waiting RPC can still answer
 (UNAVAILABLE / REPLICA_DRAINING) instead of vanishing; when the RPC itself is cancelled the
@@ -20,7 +22,7 @@ from worker.descriptor import LoadSnapshot
 from worker.runtime import DeviceFault, ModelRuntime, RuntimeResult, WorkItem, batch_tokens
 from worker.slots import SlotTable
 
-__all__ = ["DrainResult", "Replica", "ReplicaDraining"]
+__all__ = ["DrainResult", "Replica", "ReplicaDraining", "ReplicaShuttingDown"]
 
 
 class ReplicaDraining(Exception):
@@ -29,6 +31,10 @@ class ReplicaDraining(Exception):
     def __init__(self, message: str, *, cut_off: bool = False) -> None:
         super().__init__(message)
         self.cut_off = cut_off
+
+
+class ReplicaShuttingDown(Exception):
+    """An undrain refused: the process is stopping, so its drain is final."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +119,18 @@ class Replica:
     def stop_accepting(self) -> None:
         """Refuse new batches from now on (the first step of a drain)."""
         self._draining = True
+
+    def undrain(self) -> bool:
+        """Take batches again; False if the replica was not draining.
+
+        A drain still waiting for in-flight batches keeps waiting for them (they were
+        accepted and finish either way); the next drain starts afresh.
+        """
+        if not self._draining:
+            return False
+        self._draining = False
+        self._drain_task = None
+        return True
 
     async def drain(self, grace_s: float) -> DrainResult:
         """Stop taking batches; finish in-flight ones within ``grace_s``, cancel the rest.

@@ -30,8 +30,8 @@ from common.tracing import end_rpc_span, spans_recorded, start_server_span
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome, WorkerMetrics
-from worker.rejections import to_rich_error
-from worker.replica import DrainResult, Replica
+from worker.rejections import shutting_down, to_rich_error
+from worker.replica import DrainResult, Replica, ReplicaShuttingDown
 from worker.runtime import RuntimeResult
 from worker.validation import parse_batch
 
@@ -65,7 +65,7 @@ def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatch
 
 
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
-    """ExecuteBatch, Drain and Describe over a :class:`Replica`."""
+    """ExecuteBatch, Drain, Undrain and Describe over a :class:`Replica`."""
 
     def __init__(
         self,
@@ -73,13 +73,16 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         identity: Callable[[], ReplicaIdentity],
         replica: Replica,
         drain: Callable[[float], Awaitable[DrainResult]],
+        undrain: Callable[[], Awaitable[bool]],
         metrics: WorkerMetrics,
     ) -> None:
         """``identity`` is read per call (the advertised address is known only after bind);
-        ``drain`` is the process's whole drain (readiness off, replica drain, deregister)."""
+        ``drain`` is the process's whole drain (readiness off, replica drain) and ``undrain``
+        its undoing (True if there was a drain to undo)."""
         self._identity = identity
         self._replica = replica
         self._drain = drain
+        self._undrain = undrain
         self._metrics = metrics
 
     async def ExecuteBatch(
@@ -152,6 +155,15 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             batches_finished=result.batches_finished,
             batches_cancelled=result.batches_cancelled,
         )
+
+    async def Undrain(
+        self, request: worker_pb2.UndrainRequest, context: grpc.aio.ServicerContext
+    ) -> worker_pb2.UndrainResponse:
+        try:
+            was_draining = await self._undrain()
+        except ReplicaShuttingDown as exc:
+            await abort(context, shutting_down(str(exc)))
+        return worker_pb2.UndrainResponse(was_draining=was_draining)
 
     async def Describe(
         self, request: worker_pb2.DescribeRequest, context: grpc.aio.ServicerContext

@@ -14,12 +14,17 @@ fairness between tenants; protecting the fleet is the concurrency limiter's job.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from gateway.admission.tenants import TenantConfig, TenantRegistry
 from gateway.admission.token_bucket import TokenBucket
 
 __all__ = ["QuotaCharge", "QuotaExceeded", "TenantQuotas"]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000.0:.1f} ms" if seconds < 1.0 else f"{seconds:.2f} s"
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,9 @@ class QuotaExceeded:
     burst: float
     reason: str = "QUOTA_EXCEEDED"
     """The ``ErrorInfo.reason`` (``common.errors.Reason`` value)."""
+    balance: float | None = None
+    """Work tokens in the tenant's bucket when it was refused (negative while paying off a
+    request larger than the burst)."""
 
     @property
     def subject(self) -> str:
@@ -42,10 +50,16 @@ class QuotaExceeded:
 
     @property
     def description(self) -> str:
-        return (
-            f"request needs {self.cost:.0f} work tokens; quota is {self.rate:.0f}/s "
-            f"with burst {self.burst:.0f}"
-        )
+        """What was asked, what is left, and when it will be enough: without the balance,
+        "needs 66 tokens, burst 40000" reads like a bug."""
+        need = f"request needs {self.cost:.0f} work tokens"
+        if self.cost > self.burst:
+            need += f" (more than the burst: it waits for a full bucket of {self.burst:.0f})"
+        have = "" if self.balance is None else f", the tenant has {self.balance:.0f} left"
+        quota = f"quota {self.rate:.0f}/s, burst {self.burst:.0f}"
+        if not math.isfinite(self.retry_after_s):
+            return f"{need}{have} ({quota}); the quota never refills: raise it"
+        return f"{need}{have} ({quota}); enough in {_duration(self.retry_after_s)}, retry then"
 
 
 @dataclass(eq=False)
@@ -85,7 +99,9 @@ class TenantQuotas:
         wait = bucket.time_until(cost, now)
         if wait <= 0.0:
             return None
-        return QuotaExceeded(tenant.name, cost, wait, bucket.rate, bucket.burst)
+        return QuotaExceeded(
+            tenant.name, cost, wait, bucket.rate, bucket.burst, balance=bucket.tokens(now)
+        )
 
     def charge(self, tenant: TenantConfig, cost: float, now: float) -> QuotaCharge | QuotaExceeded:
         """Take ``cost`` tokens if they fit now."""

@@ -66,6 +66,7 @@ from gateway.batching.records import (
     FlushReason,
     Lane,
     Objective,
+    PredictionParts,
     Rejected,
 )
 
@@ -83,5 +84,6 @@ __all__ = [
     "Lane",
     "Objective",
     "OnlineCostModel",
+    "PredictionParts",
     "Rejected",
 ]

@@ -67,6 +67,7 @@ from gateway.batching.records import (
     Lane,
     Objective,
     P,
+    PredictionParts,
     Rejected,
 )
 from gateway.batching.shed_threshold import ShedThreshold
@@ -263,7 +264,9 @@ class DeadlineBatcher(Generic[P]):
         self._seq += 1
         item = BatchItem(payload, tokens, deadline, lane, now, self._seq)
         if deadline <= now:
-            return self._reject(DropReason.DEADLINE_UNREACHABLE, now, None)
+            return self._reject(
+                DropReason.DEADLINE_UNREACHABLE, now, None, PredictionParts(deadline - now)
+            )
         threshold = self._threshold
         if threshold is not None and tokens > threshold.theta and self._backlogged(now):
             return self._reject(DropReason.SHED_FOR_GOODPUT, None, self._drain_estimate(now))
@@ -377,7 +380,14 @@ class DeadlineBatcher(Generic[P]):
                 ahead = [item for pb in batches for item in pb.items]
             victim = self._swap_victim(ahead, x, upper - d, slope)
             if victim is None:
-                return self._reject(DropReason.DEADLINE_UNREACHABLE, upper, max(0.0, start - now))
+                return self._reject(
+                    DropReason.DEADLINE_UNREACHABLE,
+                    upper,
+                    max(0.0, start - now),
+                    self._unreachable_parts(
+                        x, now, batches, s, start, intercept, slope, upper, target
+                    ),
+                )
             in_target = target is not None and victim in target.items
             saved = self._shed_from_plan(plan, victim)
             self._note_forced(victim.tokens)
@@ -422,7 +432,13 @@ class DeadlineBatcher(Generic[P]):
         # the expected cost is worth trying even if the conservative estimate says no.
         expected = now + best.predict(x.tokens)
         if expected > x.deadline:
-            return self._reject(DropReason.DEADLINE_UNREACHABLE, expected, None)
+            own = expected - now
+            return self._reject(
+                DropReason.DEADLINE_UNREACHABLE,
+                expected,
+                None,
+                PredictionParts(x.deadline - now, own=own),
+            )
         self._plan = None  # the cached plan no longer describes the queue
         return expected
 
@@ -708,10 +724,61 @@ class DeadlineBatcher(Generic[P]):
         self._slots_total, self._free_total, self._busy_total = slots, free, busy
 
     def _reject(
-        self, reason: DropReason, predicted: float | None, retry_after: float | None
+        self,
+        reason: DropReason,
+        predicted: float | None,
+        retry_after: float | None,
+        parts: PredictionParts | None = None,
     ) -> Rejected:
         self._drops[reason.value] += 1
-        return Rejected(reason, predicted, retry_after)
+        return Rejected(reason, predicted, retry_after, parts)
+
+    def _unreachable_parts(
+        self,
+        x: BatchItem[P],
+        now: float,
+        batches: list[PlannedBatch[P]],
+        slot: int,
+        start: float,
+        intercept: float,
+        slope: float,
+        upper: float,
+        target: PlannedBatch[P] | None,
+    ) -> PredictionParts:
+        """The prediction behind a refusal in :meth:`_admit`, split into what it waits for.
+
+        Only on the refusal path: an admitted request pays nothing for it. The slot's first
+        planned batch starts when the work on its device ends; planned batches then follow.
+        """
+        slot_free = start
+        for planned in batches:
+            if planned.slot == slot:
+                slot_free = min(planned.start, start)
+                break
+        on_device = max(0.0, slot_free - now)
+        queued_ahead = max(0.0, start - now - on_device)
+        mates = 0
+        shared_tokens = 0
+        if target is not None:
+            bulk = x.lane is _BULK
+            for item in target.items:
+                if item.deadline <= x.deadline and (
+                    bulk or item.lane is not _BULK or item.promoted
+                ):
+                    mates += 1
+                    shared_tokens += item.tokens
+        own = intercept + slope * x.tokens
+        sharing = slope * shared_tokens
+        return PredictionParts(
+            deadline_in=x.deadline - now,
+            on_device=on_device,
+            queued_ahead=queued_ahead,
+            sharing_batch=sharing,
+            own=own,
+            margin=max(0.0, upper - start - own - sharing),
+            queued_requests=len(self._int) + len(self._bulk),
+            batch_mates=mates,
+        )
 
     def _record_drop(self, item: BatchItem[P], reason: DropReason, predicted: float) -> None:
         self._drops[reason.value] += 1

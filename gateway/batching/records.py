@@ -48,6 +48,21 @@ class Objective(StrEnum):
     ON_TIME_REQUESTS = "on_time_requests"  # the number of requests finished by their deadline
     ON_TIME_TOKENS = "on_time_tokens"  # the tokens of those requests (large work not singled out)
 
+    @property
+    def flag(self) -> str:
+        """The ``--objective`` spelling shared by gateway and bench: ``requests`` / ``tokens``."""
+        return self.value.removeprefix("on_time_")
+
+    @classmethod
+    def parse(cls, text: str) -> Objective:
+        """``requests`` / ``tokens``, or the older ``on_time_requests`` / ``on_time_tokens``."""
+        name = text.strip().lower()
+        for objective in cls:
+            if name in (objective.flag, objective.value):
+                return objective
+        allowed = ", ".join(o.flag for o in cls)
+        raise ValueError(f"unknown objective {text!r}; expected one of {allowed}")
+
 
 @dataclass(slots=True, eq=False)
 class BatchItem(Generic[P]):
@@ -76,17 +91,43 @@ class Accepted(Generic[P]):
 
 
 @dataclass(frozen=True, slots=True)
+class PredictionParts:
+    """What a ``DEADLINE_UNREACHABLE`` prediction is made of, in seconds after the decision.
+
+    They add up to the predicted time to completion: the replica slot finishing the batch
+    already on its device, then the batches planned ahead on that slot, then its own batch
+    (the members ahead of it in that batch, its own work) and a safety margin (cost
+    uncertainty and the expected delay from later, more urgent arrivals overtaking it).
+    """
+
+    deadline_in: float  # time left to its deadline (<= 0: it had passed on arrival)
+    on_device: float = 0.0
+    queued_ahead: float = 0.0
+    sharing_batch: float = 0.0
+    own: float = 0.0
+    margin: float = 0.0
+    queued_requests: int = 0  # requests waiting in the queue when it arrived
+    batch_mates: int = 0  # requests ahead of it in the batch it would have joined
+
+    @property
+    def total(self) -> float:
+        return self.on_device + self.queued_ahead + self.sharing_batch + self.own + self.margin
+
+
+@dataclass(frozen=True, slots=True)
 class Rejected:
     """The request was refused at admission, in microseconds, before it cost anything.
 
     ``predicted_completion`` is when it would have finished (``None`` when the refusal is not
     about time, e.g. a full queue); ``retry_after`` is how long until retrying could work
-    (the predicted time for the queue ahead to drain), never a constant.
+    (the predicted time for the queue ahead to drain), never a constant. ``parts`` breaks a
+    ``DEADLINE_UNREACHABLE`` prediction down for the caller's error message.
     """
 
     reason: DropReason
     predicted_completion: float | None
     retry_after: float | None
+    parts: PredictionParts | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -282,10 +282,28 @@ class DrainReplicaRequest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
 
 class DrainReplicaResponse(_message.Message):
-    __slots__ = ("replica",)
+    __slots__ = ("replica", "next_steps")
     REPLICA_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEPS_FIELD_NUMBER: _ClassVar[int]
     replica: FleetMember
-    def __init__(self, replica: _Optional[_Union[FleetMember, _Mapping]] = ...) -> None: ...
+    next_steps: str
+    def __init__(self, replica: _Optional[_Union[FleetMember, _Mapping]] = ..., next_steps: _Optional[str] = ...) -> None: ...
+
+class UndrainReplicaRequest(_message.Message):
+    __slots__ = ("replica_id",)
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    def __init__(self, replica_id: _Optional[str] = ...) -> None: ...
+
+class UndrainReplicaResponse(_message.Message):
+    __slots__ = ("replica", "was_draining", "next_steps")
+    REPLICA_FIELD_NUMBER: _ClassVar[int]
+    WAS_DRAINING_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    replica: FleetMember
+    was_draining: bool
+    next_steps: str
+    def __init__(self, replica: _Optional[_Union[FleetMember, _Mapping]] = ..., was_draining: _Optional[bool] = ..., next_steps: _Optional[str] = ...) -> None: ...
 
 class WorkerSessionRequest(_message.Message):
     __slots__ = ("register", "heartbeat")
@@ -296,12 +314,14 @@ class WorkerSessionRequest(_message.Message):
     def __init__(self, register: _Optional[_Union[_fleet_pb2.ReplicaDescriptor, _Mapping]] = ..., heartbeat: _Optional[_Union[_fleet_pb2.ReplicaLoad, _Mapping]] = ...) -> None: ...
 
 class WorkerSessionResponse(_message.Message):
-    __slots__ = ("lease", "drain")
+    __slots__ = ("lease", "drain", "undrain")
     LEASE_FIELD_NUMBER: _ClassVar[int]
     DRAIN_FIELD_NUMBER: _ClassVar[int]
+    UNDRAIN_FIELD_NUMBER: _ClassVar[int]
     lease: Lease
     drain: DrainCommand
-    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ...) -> None: ...
+    undrain: UndrainCommand
+    def __init__(self, lease: _Optional[_Union[Lease, _Mapping]] = ..., drain: _Optional[_Union[DrainCommand, _Mapping]] = ..., undrain: _Optional[_Union[UndrainCommand, _Mapping]] = ...) -> None: ...
 
 class Lease(_message.Message):
     __slots__ = ("replica_id", "ttl", "heartbeat_interval")
@@ -314,6 +334,12 @@ class Lease(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., heartbeat_interval: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class DrainCommand(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class UndrainCommand(_message.Message):
     __slots__ = ("reason",)
     REASON_FIELD_NUMBER: _ClassVar[int]
     reason: str

@@ -28,7 +28,8 @@ if _version_not_supported:
 class ControlServiceStub:
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -74,6 +75,11 @@ class ControlServiceStub:
                 request_serializer=halcyon_dot_v1_dot_control__pb2.DrainReplicaRequest.SerializeToString,
                 response_deserializer=halcyon_dot_v1_dot_control__pb2.DrainReplicaResponse.FromString,
                 _registered_method=True)
+        self.UndrainReplica = channel.unary_unary(
+                '/halcyon.v1.ControlService/UndrainReplica',
+                request_serializer=halcyon_dot_v1_dot_control__pb2.UndrainReplicaRequest.SerializeToString,
+                response_deserializer=halcyon_dot_v1_dot_control__pb2.UndrainReplicaResponse.FromString,
+                _registered_method=True)
         self.WorkerSession = channel.stream_stream(
                 '/halcyon.v1.ControlService/WorkerSession',
                 request_serializer=halcyon_dot_v1_dot_control__pb2.WorkerSessionRequest.SerializeToString,
@@ -94,7 +100,8 @@ class ControlServiceStub:
 class ControlServiceServicer:
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -145,7 +152,19 @@ class ControlServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def DrainReplica(self, request, context):
-        """DrainReplica asks a replica to drain (operator action).
+        """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
+        once, its in-flight batches finish, and it stays registered, idle and reported as
+        draining until UndrainReplica readmits it or its process stops. NOT_FOUND /
+        UNKNOWN_REPLICA if no such replica is registered.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def UndrainReplica(self, request, context):
+        """UndrainReplica tells a drained (or draining) replica to take work again; gateways route
+        to it again once its next heartbeat reports it accepting work. Answering for a replica
+        that is not draining changes nothing. NOT_FOUND / UNKNOWN_REPLICA if it is not registered.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -214,6 +233,11 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     request_deserializer=halcyon_dot_v1_dot_control__pb2.DrainReplicaRequest.FromString,
                     response_serializer=halcyon_dot_v1_dot_control__pb2.DrainReplicaResponse.SerializeToString,
             ),
+            'UndrainReplica': grpc.unary_unary_rpc_method_handler(
+                    servicer.UndrainReplica,
+                    request_deserializer=halcyon_dot_v1_dot_control__pb2.UndrainReplicaRequest.FromString,
+                    response_serializer=halcyon_dot_v1_dot_control__pb2.UndrainReplicaResponse.SerializeToString,
+            ),
             'WorkerSession': grpc.stream_stream_rpc_method_handler(
                     servicer.WorkerSession,
                     request_deserializer=halcyon_dot_v1_dot_control__pb2.WorkerSessionRequest.FromString,
@@ -240,7 +264,8 @@ def add_ControlServiceServicer_to_server(servicer, server):
 class ControlService:
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -424,6 +449,33 @@ class ControlService:
             '/halcyon.v1.ControlService/DrainReplica',
             halcyon_dot_v1_dot_control__pb2.DrainReplicaRequest.SerializeToString,
             halcyon_dot_v1_dot_control__pb2.DrainReplicaResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def UndrainReplica(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/halcyon.v1.ControlService/UndrainReplica',
+            halcyon_dot_v1_dot_control__pb2.UndrainReplicaRequest.SerializeToString,
+            halcyon_dot_v1_dot_control__pb2.UndrainReplicaResponse.FromString,
             options,
             channel_credentials,
             insecure,

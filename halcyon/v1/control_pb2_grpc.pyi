@@ -29,7 +29,8 @@ GRPC_VERSION: str
 class ControlServiceStub:
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -56,7 +57,16 @@ class ControlServiceStub:
     WatchRolloutDecisions: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchRolloutDecisionsRequest, _control_pb2.WatchRolloutDecisionsResponse]
     """WatchRolloutDecisions streams decisions as they are taken."""
     DrainReplica: _grpc.UnaryUnaryMultiCallable[_control_pb2.DrainReplicaRequest, _control_pb2.DrainReplicaResponse]
-    """DrainReplica asks a replica to drain (operator action)."""
+    """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
+    once, its in-flight batches finish, and it stays registered, idle and reported as
+    draining until UndrainReplica readmits it or its process stops. NOT_FOUND /
+    UNKNOWN_REPLICA if no such replica is registered.
+    """
+    UndrainReplica: _grpc.UnaryUnaryMultiCallable[_control_pb2.UndrainReplicaRequest, _control_pb2.UndrainReplicaResponse]
+    """UndrainReplica tells a drained (or draining) replica to take work again; gateways route
+    to it again once its next heartbeat reports it accepting work. Answering for a replica
+    that is not draining changes nothing. NOT_FOUND / UNKNOWN_REPLICA if it is not registered.
+    """
     WorkerSession: _grpc.StreamStreamMultiCallable[_control_pb2.WorkerSessionRequest, _control_pb2.WorkerSessionResponse]
     """WorkerSession is a worker's registration and heartbeat stream. The first message must be
     `register`; then `heartbeat` messages at the interval the controller returns. The worker
@@ -75,7 +85,8 @@ class ControlServiceStub:
 class ControlServiceAsyncStub(ControlServiceStub):
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -99,7 +110,16 @@ class ControlServiceAsyncStub(ControlServiceStub):
     WatchRolloutDecisions: _aio.UnaryStreamMultiCallable[_control_pb2.WatchRolloutDecisionsRequest, _control_pb2.WatchRolloutDecisionsResponse]  # type: ignore[assignment]
     """WatchRolloutDecisions streams decisions as they are taken."""
     DrainReplica: _aio.UnaryUnaryMultiCallable[_control_pb2.DrainReplicaRequest, _control_pb2.DrainReplicaResponse]  # type: ignore[assignment]
-    """DrainReplica asks a replica to drain (operator action)."""
+    """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
+    once, its in-flight batches finish, and it stays registered, idle and reported as
+    draining until UndrainReplica readmits it or its process stops. NOT_FOUND /
+    UNKNOWN_REPLICA if no such replica is registered.
+    """
+    UndrainReplica: _aio.UnaryUnaryMultiCallable[_control_pb2.UndrainReplicaRequest, _control_pb2.UndrainReplicaResponse]  # type: ignore[assignment]
+    """UndrainReplica tells a drained (or draining) replica to take work again; gateways route
+    to it again once its next heartbeat reports it accepting work. Answering for a replica
+    that is not draining changes nothing. NOT_FOUND / UNKNOWN_REPLICA if it is not registered.
+    """
     WorkerSession: _aio.StreamStreamMultiCallable[_control_pb2.WorkerSessionRequest, _control_pb2.WorkerSessionResponse]  # type: ignore[assignment]
     """WorkerSession is a worker's registration and heartbeat stream. The first message must be
     `register`; then `heartbeat` messages at the interval the controller returns. The worker
@@ -117,7 +137,8 @@ class ControlServiceAsyncStub(ControlServiceStub):
 class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
     """ControlService is the controller: fleet registry, rollout controller and store.
 
-    Operator RPCs (GetState, the rollout RPCs, DrainReplica) need the operator credential.
+    Operator RPCs (GetState, the rollout RPCs, DrainReplica, UndrainReplica) need the operator
+    credential.
     Fleet RPCs (WorkerSession, WatchFleet, ReportOutcomes) need the fleet credential: a process
     without it cannot join the fleet or point gateways at a rogue address.
     """
@@ -181,7 +202,22 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.DrainReplicaRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.DrainReplicaResponse, _abc.Awaitable[_control_pb2.DrainReplicaResponse]]:
-        """DrainReplica asks a replica to drain (operator action)."""
+        """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
+        once, its in-flight batches finish, and it stays registered, idle and reported as
+        draining until UndrainReplica readmits it or its process stops. NOT_FOUND /
+        UNKNOWN_REPLICA if no such replica is registered.
+        """
+
+    @_abc_1.abstractmethod
+    def UndrainReplica(
+        self,
+        request: _control_pb2.UndrainReplicaRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.UndrainReplicaResponse, _abc.Awaitable[_control_pb2.UndrainReplicaResponse]]:
+        """UndrainReplica tells a drained (or draining) replica to take work again; gateways route
+        to it again once its next heartbeat reports it accepting work. Answering for a replica
+        that is not draining changes nothing. NOT_FOUND / UNKNOWN_REPLICA if it is not registered.
+        """
 
     @_abc_1.abstractmethod
     def WorkerSession(

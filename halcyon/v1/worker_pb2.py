@@ -26,7 +26,7 @@ from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb
 from halcyon.v1 import fleet_pb2 as halcyon_dot_v1_dot_fleet__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17halcyon/v1/worker.proto\x12\nhalcyon.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16halcyon/v1/fleet.proto\"W\n\tBatchItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\r\"m\n\x13\x45xecuteBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12$\n\x05items\x18\x04 \x03(\x0b\x32\x15.halcyon.v1.BatchItem\"U\n\nItemResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\"\x99\x01\n\x14\x45xecuteBatchResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.halcyon.v1.ItemResult\x12.\n\x0b\x64\x65vice_time\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x62\x61tch_tokens\x18\x04 \x01(\r\"8\n\x0c\x44rainRequest\x12(\n\x05grace\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"D\n\rDrainResponse\x12\x18\n\x10\x62\x61tches_finished\x18\x01 \x01(\r\x12\x19\n\x11\x62\x61tches_cancelled\x18\x02 \x01(\r\"\x11\n\x0f\x44\x65scribeRequest\"i\n\x10\x44\x65scribeResponse\x12.\n\x07replica\x18\x01 \x01(\x0b\x32\x1d.halcyon.v1.ReplicaDescriptor\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x17.halcyon.v1.ReplicaLoad2\xe7\x01\n\rWorkerService\x12Q\n\x0c\x45xecuteBatch\x12\x1f.halcyon.v1.ExecuteBatchRequest\x1a .halcyon.v1.ExecuteBatchResponse\x12<\n\x05\x44rain\x12\x18.halcyon.v1.DrainRequest\x1a\x19.halcyon.v1.DrainResponse\x12\x45\n\x08\x44\x65scribe\x12\x1b.halcyon.v1.DescribeRequest\x1a\x1c.halcyon.v1.DescribeResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x17halcyon/v1/worker.proto\x12\nhalcyon.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x16halcyon/v1/fleet.proto\"W\n\tBatchItem\x12\n\n\x02id\x18\x01 \x01(\t\x12\r\n\x05input\x18\x02 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x19\n\x11max_output_tokens\x18\x04 \x01(\r\"m\n\x13\x45xecuteBatchRequest\x12\x10\n\x08\x62\x61tch_id\x18\x01 \x01(\t\x12\r\n\x05model\x18\x02 \x01(\t\x12\x0f\n\x07version\x18\x03 \x01(\t\x12$\n\x05items\x18\x04 \x03(\x0b\x32\x15.halcyon.v1.BatchItem\"U\n\nItemResult\x12\n\n\x02id\x18\x01 \x01(\t\x12\x0e\n\x06output\x18\x02 \x01(\t\x12\x14\n\x0cinput_tokens\x18\x03 \x01(\r\x12\x15\n\routput_tokens\x18\x04 \x01(\r\"\x99\x01\n\x14\x45xecuteBatchResponse\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\'\n\x07results\x18\x02 \x03(\x0b\x32\x16.halcyon.v1.ItemResult\x12.\n\x0b\x64\x65vice_time\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x14\n\x0c\x62\x61tch_tokens\x18\x04 \x01(\r\"8\n\x0c\x44rainRequest\x12(\n\x05grace\x18\x01 \x01(\x0b\x32\x19.google.protobuf.Duration\"D\n\rDrainResponse\x12\x18\n\x10\x62\x61tches_finished\x18\x01 \x01(\r\x12\x19\n\x11\x62\x61tches_cancelled\x18\x02 \x01(\r\"\x10\n\x0eUndrainRequest\"\'\n\x0fUndrainResponse\x12\x14\n\x0cwas_draining\x18\x01 \x01(\x08\"\x11\n\x0f\x44\x65scribeRequest\"i\n\x10\x44\x65scribeResponse\x12.\n\x07replica\x18\x01 \x01(\x0b\x32\x1d.halcyon.v1.ReplicaDescriptor\x12%\n\x04load\x18\x02 \x01(\x0b\x32\x17.halcyon.v1.ReplicaLoad2\xab\x02\n\rWorkerService\x12Q\n\x0c\x45xecuteBatch\x12\x1f.halcyon.v1.ExecuteBatchRequest\x1a .halcyon.v1.ExecuteBatchResponse\x12<\n\x05\x44rain\x12\x18.halcyon.v1.DrainRequest\x1a\x19.halcyon.v1.DrainResponse\x12\x42\n\x07Undrain\x12\x1a.halcyon.v1.UndrainRequest\x1a\x1b.halcyon.v1.UndrainResponse\x12\x45\n\x08\x44\x65scribe\x12\x1b.halcyon.v1.DescribeRequest\x1a\x1c.halcyon.v1.DescribeResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -45,10 +45,14 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_DRAINREQUEST']._serialized_end=594
   _globals['_DRAINRESPONSE']._serialized_start=596
   _globals['_DRAINRESPONSE']._serialized_end=664
-  _globals['_DESCRIBEREQUEST']._serialized_start=666
-  _globals['_DESCRIBEREQUEST']._serialized_end=683
-  _globals['_DESCRIBERESPONSE']._serialized_start=685
-  _globals['_DESCRIBERESPONSE']._serialized_end=790
-  _globals['_WORKERSERVICE']._serialized_start=793
-  _globals['_WORKERSERVICE']._serialized_end=1024
+  _globals['_UNDRAINREQUEST']._serialized_start=666
+  _globals['_UNDRAINREQUEST']._serialized_end=682
+  _globals['_UNDRAINRESPONSE']._serialized_start=684
+  _globals['_UNDRAINRESPONSE']._serialized_end=723
+  _globals['_DESCRIBEREQUEST']._serialized_start=725
+  _globals['_DESCRIBEREQUEST']._serialized_end=742
+  _globals['_DESCRIBERESPONSE']._serialized_start=744
+  _globals['_DESCRIBERESPONSE']._serialized_end=849
+  _globals['_WORKERSERVICE']._serialized_start=852
+  _globals['_WORKERSERVICE']._serialized_end=1151
 # @@protoc_insertion_point(module_scope)

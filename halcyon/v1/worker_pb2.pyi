@@ -72,6 +72,16 @@ class DrainResponse(_message.Message):
     batches_cancelled: int
     def __init__(self, batches_finished: _Optional[int] = ..., batches_cancelled: _Optional[int] = ...) -> None: ...
 
+class UndrainRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class UndrainResponse(_message.Message):
+    __slots__ = ("was_draining",)
+    WAS_DRAINING_FIELD_NUMBER: _ClassVar[int]
+    was_draining: bool
+    def __init__(self, was_draining: _Optional[bool] = ...) -> None: ...
+
 class DescribeRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...

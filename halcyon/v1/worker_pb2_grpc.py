@@ -46,6 +46,11 @@ class WorkerServiceStub:
                 request_serializer=halcyon_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
                 response_deserializer=halcyon_dot_v1_dot_worker__pb2.DrainResponse.FromString,
                 _registered_method=True)
+        self.Undrain = channel.unary_unary(
+                '/halcyon.v1.WorkerService/Undrain',
+                request_serializer=halcyon_dot_v1_dot_worker__pb2.UndrainRequest.SerializeToString,
+                response_deserializer=halcyon_dot_v1_dot_worker__pb2.UndrainResponse.FromString,
+                _registered_method=True)
         self.Describe = channel.unary_unary(
                 '/halcyon.v1.WorkerService/Describe',
                 request_serializer=halcyon_dot_v1_dot_worker__pb2.DescribeRequest.SerializeToString,
@@ -69,8 +74,17 @@ class WorkerServiceServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Drain(self, request, context):
-        """Drain stops new work, finishes in-flight batches (within the grace period) and
-        deregisters from the controller.
+        """Drain stops new work and finishes in-flight batches (within the grace period). The
+        replica stays registered with the controller, reported as draining, until Undrain (or the
+        controller's UndrainReplica) puts it back, or it shuts down and deregisters.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Undrain(self, request, context):
+        """Undrain takes work again after a drain: readiness back on, draining cleared in the next
+        heartbeat. FAILED_PRECONDITION while the process is shutting down.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -95,6 +109,11 @@ def add_WorkerServiceServicer_to_server(servicer, server):
                     servicer.Drain,
                     request_deserializer=halcyon_dot_v1_dot_worker__pb2.DrainRequest.FromString,
                     response_serializer=halcyon_dot_v1_dot_worker__pb2.DrainResponse.SerializeToString,
+            ),
+            'Undrain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Undrain,
+                    request_deserializer=halcyon_dot_v1_dot_worker__pb2.UndrainRequest.FromString,
+                    response_serializer=halcyon_dot_v1_dot_worker__pb2.UndrainResponse.SerializeToString,
             ),
             'Describe': grpc.unary_unary_rpc_method_handler(
                     servicer.Describe,
@@ -158,6 +177,33 @@ class WorkerService:
             '/halcyon.v1.WorkerService/Drain',
             halcyon_dot_v1_dot_worker__pb2.DrainRequest.SerializeToString,
             halcyon_dot_v1_dot_worker__pb2.DrainResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Undrain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/halcyon.v1.WorkerService/Undrain',
+            halcyon_dot_v1_dot_worker__pb2.UndrainRequest.SerializeToString,
+            halcyon_dot_v1_dot_worker__pb2.UndrainResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -42,8 +42,13 @@ class WorkerServiceStub:
     Cancelling the call frees the device.
     """
     Drain: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]
-    """Drain stops new work, finishes in-flight batches (within the grace period) and
-    deregisters from the controller.
+    """Drain stops new work and finishes in-flight batches (within the grace period). The
+    replica stays registered with the controller, reported as draining, until Undrain (or the
+    controller's UndrainReplica) puts it back, or it shuts down and deregisters.
+    """
+    Undrain: _grpc.UnaryUnaryMultiCallable[_worker_pb2.UndrainRequest, _worker_pb2.UndrainResponse]
+    """Undrain takes work again after a drain: readiness back on, draining cleared in the next
+    heartbeat. FAILED_PRECONDITION while the process is shutting down.
     """
     Describe: _grpc.UnaryUnaryMultiCallable[_worker_pb2.DescribeRequest, _worker_pb2.DescribeResponse]
     """Describe returns the replica's descriptor and current load."""
@@ -62,8 +67,13 @@ class WorkerServiceAsyncStub(WorkerServiceStub):
     Cancelling the call frees the device.
     """
     Drain: _aio.UnaryUnaryMultiCallable[_worker_pb2.DrainRequest, _worker_pb2.DrainResponse]  # type: ignore[assignment]
-    """Drain stops new work, finishes in-flight batches (within the grace period) and
-    deregisters from the controller.
+    """Drain stops new work and finishes in-flight batches (within the grace period). The
+    replica stays registered with the controller, reported as draining, until Undrain (or the
+    controller's UndrainReplica) puts it back, or it shuts down and deregisters.
+    """
+    Undrain: _aio.UnaryUnaryMultiCallable[_worker_pb2.UndrainRequest, _worker_pb2.UndrainResponse]  # type: ignore[assignment]
+    """Undrain takes work again after a drain: readiness back on, draining cleared in the next
+    heartbeat. FAILED_PRECONDITION while the process is shutting down.
     """
     Describe: _aio.UnaryUnaryMultiCallable[_worker_pb2.DescribeRequest, _worker_pb2.DescribeResponse]  # type: ignore[assignment]
     """Describe returns the replica's descriptor and current load."""
@@ -91,8 +101,19 @@ class WorkerServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _worker_pb2.DrainRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_worker_pb2.DrainResponse, _abc.Awaitable[_worker_pb2.DrainResponse]]:
-        """Drain stops new work, finishes in-flight batches (within the grace period) and
-        deregisters from the controller.
+        """Drain stops new work and finishes in-flight batches (within the grace period). The
+        replica stays registered with the controller, reported as draining, until Undrain (or the
+        controller's UndrainReplica) puts it back, or it shuts down and deregisters.
+        """
+
+    @_abc_1.abstractmethod
+    def Undrain(
+        self,
+        request: _worker_pb2.UndrainRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_worker_pb2.UndrainResponse, _abc.Awaitable[_worker_pb2.UndrainResponse]]:
+        """Undrain takes work again after a drain: readiness back on, draining cleared in the next
+        heartbeat. FAILED_PRECONDITION while the process is shutting down.
         """
 
     @_abc_1.abstractmethod

@@ -166,6 +166,33 @@ def test_operator_drain_is_sticky_until_reregistration(reg: FleetRegistry) -> No
         reg.request_drain("nobody")
 
 
+def test_undrain_waits_for_the_worker_to_say_it_takes_work(reg: FleetRegistry) -> None:
+    reg.register(desc())
+    reg.request_drain("r1")
+    reg.heartbeat("r1", load(draining=True))  # the worker drained
+    gen = reg.generation
+    reg.cancel_drain("r1")
+    # Still draining as gateways see it: the worker has not heard the undrain yet.
+    assert reg.members()[0].draining and not reg.members()[0].drain_requested
+    assert reg.generation == gen
+    reg.heartbeat("r1", load(draining=False))
+    assert not reg.members()[0].draining
+    assert reg.generation == gen + 1
+    reg.cancel_drain("r1")  # nothing to withdraw: no change
+    assert reg.generation == gen + 1
+    with pytest.raises(UnknownMember):
+        reg.cancel_drain("nobody")
+
+
+def test_undrain_of_a_drain_the_worker_never_saw_readmits_at_once(reg: FleetRegistry) -> None:
+    reg.register(desc())
+    gen = reg.generation
+    reg.request_drain("r1")
+    reg.cancel_drain("r1")
+    assert not reg.members()[0].draining
+    assert reg.generation == gen + 2
+
+
 def test_versions_by_model(reg: FleetRegistry) -> None:
     reg.register(desc("a", version="v1"))
     reg.register(desc("b", version="v2"))
@@ -227,6 +254,14 @@ class RegistryMachine(RuleBasedStateMachine):
         else:
             with pytest.raises(UnknownMember):
                 self.reg.request_drain(replica_id)
+
+    @rule(replica_id=IDS)
+    def undrain(self, replica_id: str) -> None:
+        if replica_id in self.model:
+            self.reg.cancel_drain(replica_id)
+        else:
+            with pytest.raises(UnknownMember):
+                self.reg.cancel_drain(replica_id)
 
     @rule(dt=st.sampled_from([0.0, 0.25, 0.5, 0.99, 1.0, 2.5]))
     def advance(self, dt: float) -> None:

@@ -345,6 +345,9 @@ async def test_drain_replica_sends_a_drain_command(start_stack: StackFactory) ->
     )
     assert resp.replica.replica.replica_id == "r1"
     assert resp.replica.load.draining
+    # The answer says what happens now and how to get the replica back.
+    assert "UndrainReplica" in resp.next_steps and '{"replica_id": "r1"}' in resp.next_steps
+    assert "SIGTERM" in resp.next_steps
     msg = await asyncio.wait_for(call.read(), TIMEOUT)
     assert msg.WhichOneof("kind") == "drain"
     assert msg.drain.reason
@@ -365,6 +368,59 @@ async def test_drain_replica_sends_a_drain_command(start_stack: StackFactory) ->
     await stack.controller.events.flush()
     kinds = [e.kind for e in stack.controller.store.list_fleet_events(replica_id="r1")]
     assert FleetEventKind.DRAINED in kinds
+    call.cancel()
+    watch.cancel()
+
+
+async def test_undrain_replica_sends_an_undrain_command(start_stack: StackFactory) -> None:
+    stack = await start_stack()
+    watch = stack.stub.WatchFleet(control_pb2.WatchFleetRequest(), metadata=FLEET)
+    call, _ = await register(stack, "r1")
+    await snapshot_where(watch, lambda s: ids(s) == {"r1"})
+    idle = await stack.stub.UndrainReplica(
+        control_pb2.UndrainReplicaRequest(replica_id="r1"), metadata=OPERATOR
+    )
+    assert not idle.was_draining and "was not draining" in idle.next_steps
+
+    await stack.stub.DrainReplica(
+        control_pb2.DrainReplicaRequest(replica_id="r1"), metadata=OPERATOR
+    )
+    assert (await asyncio.wait_for(call.read(), TIMEOUT)).WhichOneof("kind") == "drain"
+    await call.write(
+        control_pb2.WorkerSessionRequest(heartbeat=fleet_pb2.ReplicaLoad(draining=True))
+    )
+    resp = await stack.stub.UndrainReplica(
+        control_pb2.UndrainReplicaRequest(replica_id="r1"), metadata=OPERATOR
+    )
+    assert resp.was_draining and resp.replica.load.draining  # until the worker says so
+    assert "next heartbeat" in resp.next_steps
+    msg = await asyncio.wait_for(call.read(), TIMEOUT)
+    assert msg.WhichOneof("kind") == "undrain" and msg.undrain.reason
+    await call.write(
+        control_pb2.WorkerSessionRequest(heartbeat=fleet_pb2.ReplicaLoad(draining=False))
+    )
+    await snapshot_where(watch, lambda s: [m.load.draining for m in s.replicas] == [False])
+
+    err = await rpc_error(
+        stack.stub.UndrainReplica(
+            control_pb2.UndrainReplicaRequest(replica_id="nope"), metadata=OPERATOR
+        )
+    )
+    assert err.code == grpc.StatusCode.NOT_FOUND and err.reason == "UNKNOWN_REPLICA"
+    assert "GetState lists" in err.message
+    err = await rpc_error(
+        stack.stub.UndrainReplica(control_pb2.UndrainReplicaRequest(), metadata=OPERATOR)
+    )
+    assert [v.field for v in err.field_violations] == ["replica_id"]
+    err = await rpc_error(
+        stack.stub.UndrainReplica(
+            control_pb2.UndrainReplicaRequest(replica_id="r1"), metadata=FLEET
+        )
+    )
+    assert err.code == grpc.StatusCode.PERMISSION_DENIED
+    await stack.controller.events.flush()
+    kinds = [e.kind for e in stack.controller.store.list_fleet_events(replica_id="r1")]
+    assert FleetEventKind.UNDRAINED in kinds
     call.cancel()
     watch.cancel()
 

@@ -132,3 +132,24 @@ async def test_worker_process_serves_and_drains_on_sigterm(tmp_path: Path) -> No
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def test_a_tls_file_that_cannot_be_read_is_one_line_that_names_the_flags(
+    tmp_path: Path,
+) -> None:
+    missing = tmp_path / "missing.pem"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "halcyon", "worker", "--listen", "127.0.0.1:0",
+        "--metrics-listen", "off", "--tls-cert", str(missing), "--tls-key", str(missing),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        env={**os.environ, "HALCYON_FLEET_TOKEN": TOKEN},
+    )  # fmt: skip
+    _, err = await asyncio.wait_for(proc.communicate(), 30)
+    assert proc.returncode == 1
+    errors = [json.loads(line) for line in err.decode().splitlines() if '"ERROR"' in line]
+    assert [e["msg"] for e in errors] == ["worker failed to start"]
+    assert errors[0]["error"] == (
+        f"cannot read {missing}: No such file or directory; check --tls-cert, --tls-key and "
+        "--tls-ca"
+    )
+    assert "Traceback" not in err.decode()

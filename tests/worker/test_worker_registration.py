@@ -39,7 +39,8 @@ class SessionRecord:
 
 
 class FakeController(control_pb2_grpc.ControlServiceServicer):  # type: ignore[misc]
-    """Records sessions; can refuse, end a stream after N heartbeats, or send a drain."""
+    """Records sessions; can refuse, end a stream after N heartbeats, send a drain or an
+    undrain."""
 
     def __init__(self) -> None:
         self.attempts: list[float] = []
@@ -47,6 +48,7 @@ class FakeController(control_pb2_grpc.ControlServiceServicer):  # type: ignore[m
         self.refuse_next = 0
         self.close_after_heartbeats: int | None = None
         self.drain_after_heartbeats: int | None = None
+        self.undrain_after_heartbeats: int | None = None
         self.heartbeat_interval_s = 0.02
         self.ttl_s = 0.1
 
@@ -76,6 +78,11 @@ class FakeController(control_pb2_grpc.ControlServiceServicer):  # type: ignore[m
                 self.drain_after_heartbeats = None  # once
                 yield control_pb2.WorkerSessionResponse(
                     drain=control_pb2.DrainCommand(reason="operator")
+                )
+            if self.undrain_after_heartbeats is not None and n >= self.undrain_after_heartbeats:
+                self.undrain_after_heartbeats = None  # once
+                yield control_pb2.WorkerSessionResponse(
+                    undrain=control_pb2.UndrainCommand(reason="operator")
                 )
             if self.close_after_heartbeats is not None and n >= self.close_after_heartbeats:
                 return
@@ -244,10 +251,35 @@ async def test_worker_app_registers_and_drains_on_command(
     assert registered.address == w.app.host.grpc_address
     fake.drain_after_heartbeats = 2
     await wait_until(lambda: w.app.replica.draining and not w.app.host.ready)
-    await wait_until(lambda: fake.sessions[0].ended_by_client)  # deregistered
-    assert fake.sessions[0].heartbeats[-1].draining  # announced before leaving
-    assert w.app.session is not None and not w.app.session.connected
-    assert len(fake.sessions) == 1
+    # Drained, it stays registered and says so in its heartbeats: it can be put back.
+    record = fake.sessions[0]
+    await wait_until(lambda: record.heartbeats[-1].draining)
+    assert w.app.session is not None and w.app.session.connected
+    assert not record.ended_by_client
+
+    fake.undrain_after_heartbeats = len(record.heartbeats) + 1
+    await wait_until(lambda: not w.app.replica.draining and w.app.host.ready)
+    await wait_until(lambda: not record.heartbeats[-1].draining)
+    # And a later drain command drains again (a new drain, not the first one's echo).
+    fake.drain_after_heartbeats = len(record.heartbeats) + 1
+    await wait_until(lambda: w.app.replica.draining and not w.app.host.ready)
+    assert len(fake.sessions) == 1 and not record.ended_by_client
+
+
+async def test_undrain_command_calls_on_undrain(controller: Any, wait_until: Any) -> None:
+    fake, host = controller
+    undrains: list[str] = []
+
+    async def on_undrain(reason: str) -> None:
+        undrains.append(reason)
+
+    fake.undrain_after_heartbeats = 1
+    session = make_session(host, on_undrain=on_undrain)
+    session.start()
+    try:
+        await wait_until(lambda: undrains == ["operator"])
+    finally:
+        await session.close()
 
 
 async def test_close_is_prompt_while_backing_off(wait_until: Any) -> None:

@@ -163,6 +163,43 @@ async def test_drain_refuses_new_work_and_finishes_in_flight(
     assert (again.batches_finished, again.batches_cancelled) == (1, 0)
 
 
+async def test_undrain_takes_work_again_and_a_later_drain_is_a_new_one(
+    start_worker: Any, wait_until: Any
+) -> None:
+    w = await start_worker()
+    assert not (await w.stub.Undrain(worker_pb2.UndrainRequest(), metadata=w.metadata)).was_draining
+    await w.stub.Drain(worker_pb2.DrainRequest(grace=grace(1)), metadata=w.metadata)
+    err = await rpc_error(w.execute(w.batch(("refused", 10, 10)), timeout=RPC_TIMEOUT))
+    assert parse_rpc_error(err).reason == Reason.REPLICA_DRAINING
+
+    reply = await w.stub.Undrain(worker_pb2.UndrainRequest(), metadata=w.metadata)
+    assert reply.was_draining
+    health = health_pb2_grpc.HealthStub(w.channel)
+    readiness = await health.Check(health_pb2.HealthCheckRequest(service="readiness"))
+    assert readiness.status == health_pb2.HealthCheckResponse.SERVING
+    assert [r.id for r in (await w.execute(w.batch(("back", 10, 10)))).results] == ["back"]
+    load = (await w.stub.Describe(worker_pb2.DescribeRequest(), metadata=w.metadata)).load
+    assert not load.draining
+    assert w.app.host.registry.get_sample_value("halcyon_worker_draining") == 0
+
+    # Drain again: a new drain (it counts this one's batches), not the first one's result.
+    in_flight = asyncio.ensure_future(w.execute(w.batch(("second", 20_000, 0))))
+    await wait_until(lambda: w.app.slots.busy == 1)
+    again = await w.stub.Drain(worker_pb2.DrainRequest(grace=grace(5)), metadata=w.metadata)
+    assert (again.batches_finished, again.batches_cancelled) == (1, 0)
+    assert [r.id for r in (await in_flight).results] == ["second"]
+
+
+async def test_undrain_is_refused_once_the_worker_is_stopping(start_worker: Any) -> None:
+    w = await start_worker()
+    await w.stub.Drain(worker_pb2.DrainRequest(grace=grace(1)), metadata=w.metadata)
+    w.app._shutting_down = True  # what SIGTERM's drain sets before it deregisters
+    err = await rpc_error(w.stub.Undrain(worker_pb2.UndrainRequest(), metadata=w.metadata))
+    assert err.code() == grpc.StatusCode.FAILED_PRECONDITION
+    rich = parse_rpc_error(err)
+    assert rich.reason == Reason.SHUTTING_DOWN and "start a new worker" in rich.message
+
+
 async def test_drain_cancels_what_outlives_the_grace(start_worker: Any, wait_until: Any) -> None:
     w = await start_worker(hang_rate=1.0)
     hung = asyncio.ensure_future(w.execute(w.batch(("hang", 10, 10)), timeout=RPC_TIMEOUT))
