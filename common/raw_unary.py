@@ -39,7 +39,7 @@ from typing import Any
 import grpc
 
 from common.buffered_metrics import BufferedCounter
-from common.errors import RichError
+from common.errors import Reason, RichError
 from common.grpc_metrics import GrpcServerMetrics, code_name, split_method
 
 try:  # grpc internals: absent or changed -> attach() declines and grpc.aio serves the method
@@ -211,6 +211,9 @@ class RawUnaryEndpoint:
         # Set by the host when its other methods are guarded by an auth interceptor, which
         # this endpoint bypasses: (method, metadata) -> the rejection, or None to proceed.
         self.authorize: Callable[[str, Metadata], RichError | None] | None = None
+        # Requests above this many bytes are refused before any parsing, with a typed error
+        # (the gRPC core's own, larger limit answers without one).
+        self.max_request_bytes: int | None = None
         self._core: Any = None
         self._cq: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -368,6 +371,20 @@ class RawUnaryEndpoint:
             self._metrics.received.inc()
         raw.request = message
         raw._state = _HANDLING
+        if self.max_request_bytes is not None and len(message) > self.max_request_bytes:
+            raw.reject(
+                RichError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the request is {len(message)} bytes; {self.method} takes at most "
+                    f"{self.max_request_bytes}",
+                    reason=Reason.MESSAGE_TOO_LARGE,
+                    metadata={
+                        "size_bytes": str(len(message)),
+                        "limit_bytes": str(self.max_request_bytes),
+                    },
+                )
+            )
+            return
         if self.authorize is not None:
             refused = self.authorize(self.method, raw.metadata)
             if refused is not None:

@@ -81,7 +81,7 @@ async def _check(address: str, credentials: grpc.ChannelCredentials) -> int:
 async def test_mtls_accepts_a_signed_client_and_refuses_others(make_host: Any, pki: Path) -> None:
     server_tls = TlsOptions(pki / "server.pem", pki / "server.key", client_ca=pki / "ca.pem")
     host = await make_host(options=ServingOptions(tls=server_tls, metrics_listen=None))
-    client = TlsOptions(pki / "client.pem", pki / "client.key", client_ca=pki / "ca.pem")
+    client = TlsOptions(pki / "client.pem", pki / "client.key", ca=pki / "ca.pem")
     assert await _check(host.grpc_address, client.channel_credentials()) == (
         health_pb2.HealthCheckResponse.SERVING
     )
