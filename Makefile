@@ -41,8 +41,9 @@ fmt: $(STAMP) ## Format and autofix with ruff
 test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
 	$(VENV)/bin/pytest -q
 
-stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops)
-	$(VENV)/bin/halcyon stack --canary
+STACK_ARGS ?=
+stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops; STACK_ARGS=... adds flags)
+	$(VENV)/bin/halcyon stack --canary $(STACK_ARGS)
 
 bench: $(STAMP) ## Run the seeded batching benchmark (published workload)
 	$(VENV)/bin/halcyon bench

@@ -34,6 +34,7 @@ import argparse
 import contextlib
 import ctypes
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -49,7 +50,9 @@ from typing import IO, Any
 
 from common.argtypes import hostport, non_negative
 from common.credentials import (
+    DEV_FLEET_TOKEN,
     DEV_MODE_ENV,
+    DEV_OPERATOR_TOKEN,
     FLEET_TOKEN_ENV,
     OPERATOR_TOKEN_ENV,
     CredentialError,
@@ -569,10 +572,25 @@ def _check_ports(args: argparse.Namespace) -> None:
 def _child_env(args: argparse.Namespace) -> dict[str, str]:
     """The children's environment: this one, plus the credentials and development mode."""
     args.dev_mode = True  # public dev tokens when none are configured; loopback is checked
-    credentials = load_credentials(
-        args, fleet_required=True, operator_required=True, listen=args.gateway_listen
-    )
+    quiet = logging.getLogger("halcyon.credentials")
+    level, quiet.level = quiet.level, logging.ERROR  # one note below instead of a log line each
+    try:
+        credentials = load_credentials(
+            args, fleet_required=True, operator_required=True, listen=args.gateway_listen
+        )
+    finally:
+        quiet.setLevel(level)
     assert credentials.fleet is not None and credentials.operator is not None
+    public = [
+        name
+        for name, token in (("fleet", credentials.fleet), ("operator", credentials.operator))
+        if token in (DEV_FLEET_TOKEN, DEV_OPERATOR_TOKEN)
+    ]
+    if public:
+        _say(
+            f"development mode: the public dev {' and '.join(public)} token (loopback only); "
+            f"set ${FLEET_TOKEN_ENV} / ${OPERATOR_TOKEN_ENV} or pass --*-token-file for your own"
+        )
     env = dict(os.environ)
     env[FLEET_TOKEN_ENV] = credentials.fleet
     env[OPERATOR_TOKEN_ENV] = credentials.operator

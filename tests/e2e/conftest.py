@@ -566,6 +566,7 @@ def e2e() -> SimpleNamespace:
         FLEET_TOKEN=FLEET_TOKEN,
         OPERATOR_TOKEN=OPERATOR_TOKEN,
         INSTANT=INSTANT,
+        GRPCURL=GRPCURL,
         wait_for=wait_for,
         scrape=scrape,
         sample=sample,
