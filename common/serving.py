@@ -55,7 +55,7 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from common.auth import AuthInterceptor, AuthPolicy
+from common.auth import Access, AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService
@@ -81,6 +81,7 @@ __all__ = [
 LIVENESS = "liveness"
 READINESS = "readiness"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
+_OPEN = (Access.PUBLIC, Access.TENANT)  # the auth gate lets these through to the handler
 # gRPC's own limits, set explicitly so the documented numbers are the enforced ones. Above
 # them the core answers RESOURCE_EXHAUSTED (no ErrorInfo: no handler ever sees the call).
 MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
@@ -319,7 +320,8 @@ class ServiceHost:
         endpoint cannot attach."""
         if self._started:
             raise RuntimeError("add_raw_unary must be called before start()")
-        if self._auth is not None:
+        # Decided once: a public or tenant method (Infer) needs no per-call check here.
+        if self._auth is not None and self._auth.required(endpoint.method) not in _OPEN:
             endpoint.authorize = self._auth.check
         self._raw_endpoints.append(endpoint)
         self.scrape_hooks.add(endpoint.flush_metrics)

@@ -613,18 +613,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--gateway-listen",
         type=hostport,
+        metavar="HOST:PORT",
         default="127.0.0.1:50051",
         help="gateway gRPC address (default %(default)s)",
     )
     parser.add_argument(
         "--gateway-metrics-listen",
         type=hostport,
+        metavar="HOST:PORT",
         default="127.0.0.1:9451",
         help="gateway /metrics address (default %(default)s)",
     )
     parser.add_argument(
         "--controller-listen",
         type=hostport,
+        metavar="HOST:PORT",
         default="127.0.0.1:50050",
         help="controller gRPC address (default %(default)s)",
     )
@@ -649,6 +652,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--state-dir",
         type=Path,
+        metavar="DIR",
         help="controller database, logs and the operator-token file; kept at exit "
         "(default: a temporary directory, removed at exit)",
     )

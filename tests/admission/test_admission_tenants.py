@@ -113,7 +113,7 @@ def test_presented_keys_are_never_kept() -> None:
     held = _reachable(reg)
     assert not any(isinstance(o, str) and key in o for o in held)
     assert not any(isinstance(o, bytes) and key.encode() in o for o in held)
-    # Only digests (and keyed hashes of them) are held.
+    # Only digests are held.
     assert hashlib.sha256(key.encode()).digest() in held
 
 
