@@ -1,5 +1,8 @@
 """Fixtures shared by every test directory: a throwaway PKI made with the openssl CLI.
 
+(At the repository root rather than in ``tests/``: a ``tests/conftest.py`` would put ``tests/``
+on ``sys.path``, where ``tests/bench`` would shadow the ``bench`` package.)
+
 ``pki`` (session scope) is a directory of PEM files, generated at test time and never
 committed:
 
