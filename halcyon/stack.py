@@ -423,7 +423,7 @@ class Stack:
         try:
             groups = [[self.gateway] if self.gateway else [], self.workers]
             groups.append([self.controller] if self.controller else [])
-            seen = max(1, self.signals.count)
+            seen = self.signals.count  # a signal beyond these hurries the stop
             for group in groups:
                 self._terminate(group)
                 if not self._wait(group, STOP_TIMEOUT_S, seen):
