@@ -246,7 +246,10 @@ async def test_worker_app_registers_and_drains_on_command(
     await wait_until(lambda: w.app.replica.draining and not w.app.host.ready)
     await wait_until(lambda: fake.sessions[0].ended_by_client)  # deregistered
     assert fake.sessions[0].heartbeats[-1].draining  # announced before leaving
-    assert w.app.session is not None and not w.app.session.connected
+    session = w.app.session
+    assert session is not None
+    # The worker sees its stream end a moment after the controller saw the half-close.
+    await wait_until(lambda: not session.connected)
     assert len(fake.sessions) == 1
 
 
