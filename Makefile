@@ -43,8 +43,9 @@ test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end te
 	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
 	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q -m 'not e2e' tests/serving tests/gateway tests/worker
 
-stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops)
-	$(VENV)/bin/halcyon stack --canary
+STACK_ARGS ?=
+stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops; STACK_ARGS=... adds flags)
+	$(VENV)/bin/halcyon stack --canary $(STACK_ARGS)
 
 bench: $(STAMP) ## Run the seeded batching benchmark (published workload)
 	$(VENV)/bin/halcyon bench

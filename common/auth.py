@@ -1,26 +1,34 @@
-"""Fleet and operator credentials: which RPC needs which role, and the gate that enforces it.
+"""Who may call which method: the method table, and the gate that enforces it.
 
-What it decides: for every incoming call, whether the bearer token in its ``authorization``
-metadata grants the role the method needs (design section 6: a fleet credential for workers
-and gateways, an operator credential for rollouts and drains). Rejections happen in a server
-interceptor *before* the handler runs, so no servicer can forget a check:
+What it decides: for every incoming call, whether it may reach its handler. Every method of
+every service Halcyon serves is named in :data:`METHOD_ACCESS` with what it needs:
+
+* :attr:`Access.PUBLIC`   — nothing (health probes, reflection for grpcurl);
+* :attr:`Access.TENANT`   — a tenant API key, which the servicer checks itself (``Infer``:
+  tenants, quotas and priorities are the gateway's business, not a role);
+* :attr:`Access.FLEET`    — the fleet credential (workers and gateways);
+* :attr:`Access.OPERATOR` — the operator credential (state, rollouts, drains).
+
+The gate is **fail-closed**: a method no rule names is refused (``PERMISSION_DENIED /
+UNLISTED_METHOD``) even though a handler exists, and :meth:`AuthPolicy.unlisted` lets a host
+refuse to start while any method it serves is missing from the table. Rejections happen in a
+server interceptor *before* the handler runs, so no servicer can forget a check:
 
 * no token                         -> UNAUTHENTICATED, reason MISSING_CREDENTIALS
 * a token that is neither role's   -> UNAUTHENTICATED, reason INVALID_CREDENTIALS
 * a valid token of the wrong role  -> PERMISSION_DENIED, reason WRONG_ROLE
 
 Why this shape: tokens are held only as SHA-256 digests and compared with
-``hmac.compare_digest`` (no plaintext secrets in memory dumps, no timing oracle); the rules
-map method names or service prefixes to a role so each server states its policy in one table.
-Health and reflection are always open (probes and grpcurl need no secret); methods that no
-rule names are open too, because the Infer servicer authenticates tenants itself.
+``hmac.compare_digest`` against every known digest (no plaintext secret in memory dumps, no
+timing oracle); full method names only, no prefixes, so a method added to a service later is
+refused until someone decides who may call it. Where the secrets come from (files, the
+environment, development mode) is :mod:`common.credentials`' business.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from enum import StrEnum
 from typing import Any
@@ -31,37 +39,61 @@ import grpc.aio
 from common.errors import Reason, RichError, abort, permission_denied, unauthenticated
 
 __all__ = [
-    "ALWAYS_OPEN_PREFIXES",
-    "DEV_FLEET_TOKEN",
-    "DEV_OPERATOR_TOKEN",
-    "FLEET_TOKEN_ENV",
-    "OPERATOR_TOKEN_ENV",
+    "METHOD_ACCESS",
+    "STANDARD_ACCESS",
+    "Access",
     "AuthInterceptor",
     "AuthPolicy",
     "Role",
     "bearer_metadata",
-    "token_from_env_or_default",
     "token_from_metadata",
 ]
 
-DEV_FLEET_TOKEN = "dev-fleet-token"
-DEV_OPERATOR_TOKEN = "dev-operator-token"
-FLEET_TOKEN_ENV = "HALCYON_FLEET_TOKEN"
-OPERATOR_TOKEN_ENV = "HALCYON_OPERATOR_TOKEN"
 
-# Probes and grpcurl must work without a secret.
-ALWAYS_OPEN_PREFIXES: tuple[str, ...] = (
-    "/grpc.health.v1.Health/",
-    "/grpc.reflection.v1alpha.ServerReflection/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
+class Access(StrEnum):
+    """What a method needs before its handler runs."""
 
-
-class Role(StrEnum):
-    """Who a credential speaks for."""
-
+    PUBLIC = "public"
+    TENANT = "tenant"
     FLEET = "fleet"
     OPERATOR = "operator"
+
+
+# The credential roles (the accesses a bearer token can grant).
+Role = Access
+_ROLES = (Access.FLEET, Access.OPERATOR)
+
+_CONTROL = "/halcyon.v1.ControlService/"
+_WORKER = "/halcyon.v1.WorkerService/"
+
+# Health and reflection: every host serves them, probes and grpcurl need no secret.
+STANDARD_ACCESS: Mapping[str, Access] = {
+    "/grpc.health.v1.Health/Check": Access.PUBLIC,
+    "/grpc.health.v1.Health/Watch": Access.PUBLIC,
+    "/grpc.health.v1.Health/List": Access.PUBLIC,
+    "/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo": Access.PUBLIC,
+}
+
+# Every method Halcyon serves. A test enumerates the services' descriptors against it.
+METHOD_ACCESS: Mapping[str, Access] = {
+    **STANDARD_ACCESS,
+    "/halcyon.v1.InferService/Infer": Access.TENANT,
+    f"{_CONTROL}GetState": Access.OPERATOR,
+    f"{_CONTROL}StartRollout": Access.OPERATOR,
+    f"{_CONTROL}PromoteRollout": Access.OPERATOR,
+    f"{_CONTROL}AbortRollout": Access.OPERATOR,
+    f"{_CONTROL}ListRolloutDecisions": Access.OPERATOR,
+    f"{_CONTROL}WatchRolloutDecisions": Access.OPERATOR,
+    f"{_CONTROL}DrainReplica": Access.OPERATOR,
+    f"{_CONTROL}UndrainReplica": Access.OPERATOR,
+    f"{_CONTROL}WorkerSession": Access.FLEET,
+    f"{_CONTROL}WatchFleet": Access.FLEET,
+    f"{_CONTROL}ReportOutcomes": Access.FLEET,
+    f"{_WORKER}ExecuteBatch": Access.FLEET,
+    f"{_WORKER}Drain": Access.FLEET,
+    f"{_WORKER}Undrain": Access.FLEET,
+    f"{_WORKER}Describe": Access.FLEET,
+}
 
 
 def _digest(token: str) -> bytes:
@@ -71,16 +103,6 @@ def _digest(token: str) -> bytes:
 def bearer_metadata(token: str) -> tuple[tuple[str, str], ...]:
     """Call metadata carrying ``token`` the way :class:`AuthPolicy` reads it."""
     return (("authorization", f"Bearer {token}"),)
-
-
-def token_from_env_or_default(value: str | None, env: str, default: str) -> tuple[str, bool]:
-    """The token to use: ``value`` if given, else ``$env`` if set, else ``default``.
-
-    Returns ``(token, is_dev_default)``; ``is_dev_default`` is true whenever the token in use
-    equals the built-in dev default (however it was supplied), so callers can warn about it.
-    """
-    token = value or os.environ.get(env) or default
-    return token, token == default
 
 
 def token_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str | None:
@@ -96,45 +118,50 @@ def token_from_metadata(metadata: Iterable[tuple[str, Any]] | None) -> str | Non
     return None
 
 
+def _is_full_method(method: str) -> bool:
+    return method.startswith("/") and method.count("/") == 2 and not method.endswith("/")
+
+
 class AuthPolicy:
-    """Maps full method names to the role they need; open methods need none."""
+    """The credentials a server knows (as digests) and the access every method needs."""
 
     def __init__(
-        self, *, fleet_token: str, operator_token: str, rules: Mapping[str, Role | None]
+        self,
+        *,
+        fleet_token: str | None,
+        operator_token: str | None,
+        rules: Mapping[str, Access] = METHOD_ACCESS,
     ) -> None:
-        """``rules`` keys are ``/pkg.Service/`` prefixes or full ``/pkg.Service/Method`` names.
+        """``rules`` maps full ``/pkg.Service/Method`` names to their access; the standard
+        health and reflection methods (:data:`STANDARD_ACCESS`) are always included.
 
-        A full name wins over a prefix; among prefixes the longest wins; ``None`` means open.
+        A credential that is None is not known to this server: a token equal to it is
+        rejected as INVALID_CREDENTIALS, and a method that needs it can never be called.
         """
-        if not fleet_token or not operator_token:
-            raise ValueError("fleet and operator tokens must be non-empty")
         for key in rules:
-            if not key.startswith("/") or key.count("/") != 2:
-                raise ValueError(f"rule key {key!r} is not '/pkg.Service/' or '/pkg.Service/M'")
-        self._digests: tuple[tuple[bytes, Role], ...] = (
-            (_digest(fleet_token), Role.FLEET),
-            (_digest(operator_token), Role.OPERATOR),
-        )
-        self._exact = {k: v for k, v in rules.items() if not k.endswith("/")}
-        # Longest prefix first, so "/a.S/" rules can be refined by longer ones if ever needed.
-        self._prefixes = sorted(
-            ((k, v) for k, v in rules.items() if k.endswith("/")),
-            key=lambda kv: len(kv[0]),
-            reverse=True,
-        )
+            if not _is_full_method(key):
+                raise ValueError(f"rule key {key!r} is not a full method name '/pkg.Service/M'")
+        if fleet_token is not None and fleet_token == operator_token:
+            raise ValueError("the fleet and operator credentials must differ")
+        known: list[tuple[bytes, Access]] = []
+        for token, role in ((fleet_token, Access.FLEET), (operator_token, Access.OPERATOR)):
+            if token is None:
+                continue
+            if not token.strip():
+                raise ValueError(f"the {role} credential must not be empty")
+            known.append((_digest(token), role))
+        self._digests = tuple(known)
+        self._rules: dict[str, Access] = {**STANDARD_ACCESS, **rules}
 
-    def required_role(self, method: str) -> Role | None:
-        """The role ``method`` (``/pkg.Service/Method``) needs, or None when it is open."""
-        if method.startswith(ALWAYS_OPEN_PREFIXES):
-            return None
-        if method in self._exact:
-            return self._exact[method]
-        for prefix, role in self._prefixes:
-            if method.startswith(prefix):
-                return role
-        return None
+    def required(self, method: str) -> Access | None:
+        """What ``method`` needs, or None when no rule names it (it is then refused)."""
+        return self._rules.get(method)
 
-    def roles_of(self, token: str) -> frozenset[Role]:
+    def unlisted(self, methods: Iterable[str]) -> list[str]:
+        """The methods among ``methods`` that no rule names."""
+        return [m for m in methods if m not in self._rules]
+
+    def roles_of(self, token: str) -> frozenset[Access]:
         """Every role ``token`` grants (constant-time comparison against each digest)."""
         digest = _digest(token)
         granted = set()
@@ -145,10 +172,18 @@ class AuthPolicy:
         return frozenset(granted)
 
     def check(self, method: str, metadata: Iterable[tuple[str, Any]] | None) -> RichError | None:
-        """None when the call may proceed, else the rejection to send."""
-        needed = self.required_role(method)
+        """None when the call may proceed to its handler, else the rejection to send."""
+        needed = self._rules.get(method)
+        if needed is Access.PUBLIC or needed is Access.TENANT:
+            return None  # tenant keys are checked by the servicer, which knows the tenants
         if needed is None:
-            return None
+            err = permission_denied(
+                f"no authorization rule names {method}: this server refuses methods it has no "
+                "rule for (fail-closed)",
+                Reason.UNLISTED_METHOD,
+            )
+            err.metadata = {"method": method}
+            return err
         token = token_from_metadata(metadata)
         if token is None:
             return unauthenticated(

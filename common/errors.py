@@ -77,12 +77,18 @@ class Reason(StrEnum):
     MISSING_CREDENTIALS = "MISSING_CREDENTIALS"
     INVALID_CREDENTIALS = "INVALID_CREDENTIALS"
     WRONG_ROLE = "WRONG_ROLE"
+    # A method no authorization rule names: refused (fail-closed).
+    UNLISTED_METHOD = "UNLISTED_METHOD"
     UPSTREAM_FAILURE = "UPSTREAM_FAILURE"
     SHUTTING_DOWN = "SHUTTING_DOWN"
     ROLLOUT_CONFLICT = "ROLLOUT_CONFLICT"
     NOT_IMPLEMENTED = "NOT_IMPLEMENTED"
     LEASE_EXPIRED = "LEASE_EXPIRED"
     SESSION_REPLACED = "SESSION_REPLACED"
+    # A registration under a replica id whose session is still live.
+    REPLICA_ID_IN_USE = "REPLICA_ID_IN_USE"
+    # A request message above the size the server reads.
+    MESSAGE_TOO_LARGE = "MESSAGE_TOO_LARGE"
     UNKNOWN_REPLICA = "UNKNOWN_REPLICA"
     DEVICE_FAULT = "DEVICE_FAULT"
     WRONG_MODEL = "WRONG_MODEL"

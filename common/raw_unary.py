@@ -352,6 +352,9 @@ class RawUnaryEndpoint:
         # Set by the host: called on the loop, once, when the pump cannot go on.
         self.on_failure: Callable[[str], None] | None = None
         self.fault_hook: FaultHook | None = None
+        # Requests above this many bytes are refused before any parsing, with a typed error
+        # (the gRPC core's own, larger limit answers without one).
+        self.max_request_bytes: int | None = None
         self._core: Any = None
         self._cq: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -598,6 +601,20 @@ class RawUnaryEndpoint:
         raw._state = _HANDLING
         if self.fault_hook is not None:
             self.fault_hook("event", raw)
+        if self.max_request_bytes is not None and len(message) > self.max_request_bytes:
+            raw.reject(
+                RichError(
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"the request is {len(message)} bytes; {self.method} takes at most "
+                    f"{self.max_request_bytes}",
+                    reason=Reason.MESSAGE_TOO_LARGE,
+                    metadata={
+                        "size_bytes": str(len(message)),
+                        "limit_bytes": str(self.max_request_bytes),
+                    },
+                )
+            )
+            return
         if self.authorize is not None:
             refused = self.authorize(self.method, raw.metadata)
             if refused is not None:

@@ -15,16 +15,21 @@ share (design sections 3 and 6), so none of them re-invents it:
 * server reflection, so ``grpcurl -plaintext host:port list`` works with no proto files;
 * ``grpc_server_*`` Prometheus metrics plus process metrics on a per-host registry, served on
   a separate HTTP port;
-* the auth gate (:mod:`common.auth`) ahead of every handler;
+* the auth gate (:mod:`common.auth`) ahead of every handler, fail-closed: a service whose
+  methods are not all in the method table cannot even be added;
 * OpenTelemetry RPC spans for every method grpc.aio serves
   (:func:`common.tracing.server_interceptor`);
 * a bounded connection age (``--max-connection-age``): the server sends GOAWAY to connections
   older than it, so HTTP/2 clients — which otherwise keep one connection for ever — reconnect
   and spread over the pods a Service has now, not the ones it had when they connected;
-* optional TLS / mTLS;
+* optional TLS, with the two jobs of a CA kept apart: ``--tls-client-ca`` requires and verifies
+  client certificates on incoming calls (mTLS), ``--tls-ca`` verifies servers on outgoing calls;
+* explicit gRPC limits (:data:`MAX_RECEIVE_MESSAGE_BYTES`, :data:`MAX_METADATA_BYTES`): the
+  core rejects a call above them with RESOURCE_EXHAUSTED before any handler sees it;
 * a ready file written atomically after binding, so scripts and tests learn ephemeral ports;
-* graceful shutdown on SIGTERM/SIGINT: readiness off, the caller's drain hook, then
-  ``server.stop(grace)``.
+* graceful shutdown on SIGTERM/SIGINT: readiness off, keep serving for ``--drain-delay`` (so
+  load balancers see NOT_SERVING and stop sending), the caller's drain hook, then
+  ``server.stop(grace)``. A second signal skips what is left of the delay and the grace.
 
 Why ``so_reuseport`` is off: with it on (gRPC's default on Linux) a second process silently
 binds the same port and steals half the connections; a fixed port must fail loudly instead.
@@ -51,6 +56,7 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
 import grpc.aio
+from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import (
@@ -62,16 +68,20 @@ from prometheus_client import (
     make_wsgi_app,
 )
 
-from common.auth import AuthInterceptor, AuthPolicy
+from common.auth import Access, AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
 from common.liveness import LIVE, LivenessWatchdog, Verdict
+from common.ports import describe_port_holders
 from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
 from common.tracing import server_interceptor
 
 __all__ = [
+    "DEFAULT_DRAIN_DELAY_S",
     "LIVENESS",
+    "MAX_METADATA_BYTES",
+    "MAX_RECEIVE_MESSAGE_BYTES",
     "READINESS",
     "SERVING_PATHS",
     "SERVING_PATH_ENV",
@@ -81,6 +91,7 @@ __all__ = [
     "TlsOptions",
     "add_serving_arguments",
     "format_hostport",
+    "outgoing_tls_from_args",
     "parse_hostport",
     "serving_options_from_args",
 ]
@@ -88,6 +99,16 @@ __all__ = [
 LIVENESS = "liveness"
 READINESS = "readiness"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
+_OPEN = (Access.PUBLIC, Access.TENANT)  # the auth gate lets these through to the handler
+# gRPC's own limits, set explicitly so the documented numbers are the enforced ones. Above
+# them the core answers RESOURCE_EXHAUSTED (no ErrorInfo: no handler ever sees the call).
+MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
+# One limit for all metadata of a call: soft = hard, so a rejection is certain, not random.
+MAX_METADATA_BYTES = 16 * 1024
+# On SIGTERM, how long a server stays up with readiness off before it stops accepting calls:
+# Kubernetes removes a pod from Service endpoints asynchronously, typically within a few
+# seconds of the pod's termination starting.
+DEFAULT_DRAIN_DELAY_S = 5.0
 _log = logging.getLogger("halcyon.serving")
 # fast: the completion-queue endpoints where grpcio is verified (else aio, said once); aio: never.
 SERVING_PATHS = ("fast", "aio")
@@ -123,20 +144,34 @@ def format_hostport(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def _holder_hint(listen: str) -> str:
+    """``"; held by pid 42 (...)"`` when another process listens on the port, else ``""``."""
+    try:
+        _, port = parse_hostport(listen)
+    except ValueError:
+        return ""
+    holders = describe_port_holders(port) if port else ""
+    return f"; {holders}" if holders else ""
+
+
 @dataclass(frozen=True)
 class TlsOptions:
-    """PEM files: this process's certificate and key, plus a CA for the peer.
+    """PEM files: this process's certificate and key, and the CAs it trusts for each direction.
 
-    On a server, ``client_ca`` turns on mTLS (clients must present a certificate it signed).
-    On a client (:meth:`channel_credentials`), ``client_ca`` verifies the server and the
-    cert/key are the client's identity for mTLS.
+    * serving (:meth:`server_credentials`): ``cert``/``key`` are the server's identity;
+      ``client_ca`` set requires every client to present a certificate it signed (mTLS);
+    * calling (:meth:`channel_credentials`): ``ca`` verifies the server (None: the system's
+      trust roots); ``cert``/``key``, when set, are presented as the client's certificate.
     """
 
-    cert: Path
-    key: Path
+    cert: Path | None
+    key: Path | None
     client_ca: Path | None = None
+    ca: Path | None = None
 
     def server_credentials(self) -> grpc.ServerCredentials:
+        if self.cert is None or self.key is None:
+            raise ValueError("serving TLS needs a certificate and its key")
         ca = self.client_ca.read_bytes() if self.client_ca else None
         return grpc.ssl_server_credentials(
             [(self.key.read_bytes(), self.cert.read_bytes())],
@@ -145,10 +180,11 @@ class TlsOptions:
         )
 
     def channel_credentials(self) -> grpc.ChannelCredentials:
+        own = self.cert is not None and self.key is not None
         return grpc.ssl_channel_credentials(
-            root_certificates=self.client_ca.read_bytes() if self.client_ca else None,
-            private_key=self.key.read_bytes(),
-            certificate_chain=self.cert.read_bytes(),
+            root_certificates=self.ca.read_bytes() if self.ca else None,
+            private_key=self.key.read_bytes() if own and self.key else None,
+            certificate_chain=self.cert.read_bytes() if own and self.cert else None,
         )
 
 
@@ -168,6 +204,10 @@ class ServingOptions:
     # still running then get ``max_connection_age_grace_s`` before the connection closes.
     max_connection_age_s: float | None = None
     max_connection_age_grace_s: float = 30.0
+
+    # SIGTERM: readiness off this long before the server stops accepting (the CLI's default
+    # is DEFAULT_DRAIN_DELAY_S; embedded hosts and tests stop at once).
+    drain_delay_s: float = 0.0
 
 
 class ServingFailed(Exception):
@@ -278,6 +318,8 @@ class ServiceHost:
         self.health_address: str | None = None
         self._metrics_http: _MetricsHttpServer | None = None
         self._shutdown = asyncio.Event()
+        self._hurry = asyncio.Event()  # a second signal: skip what is left of delay and grace
+        self._draining = False  # readiness stays off once shutdown began
         self._started = False
         self._stopped = False
         self.grpc_address = ""
@@ -299,8 +341,24 @@ class ServiceHost:
         """
         if self._started:
             raise RuntimeError("add_service must be called before start()")
+        self._check_authorized(service_full_name)
         register(servicer, _GenericOnly(self.server))
         self._services.append(service_full_name)
+
+    def _check_authorized(self, service_full_name: str) -> None:
+        """Fail-closed at build time: every method of the service must have a rule."""
+        if self._auth is None:
+            return
+        try:
+            service = descriptor_pool.Default().FindServiceByName(service_full_name)
+        except KeyError:  # no descriptor (a hand-written generic service): runtime check only
+            return
+        unlisted = self._auth.unlisted(f"/{service_full_name}/{m.name}" for m in service.methods)
+        if unlisted:
+            raise ValueError(
+                f"{self.name}: no authorization rule for {', '.join(unlisted)}; name each "
+                "method's access in common.auth.METHOD_ACCESS"
+            )
 
     def add_raw_unary(self, endpoint: RawUnaryEndpoint) -> None:
         """Serve one unary method off its own completion queue (``common.raw_unary``); before
@@ -308,7 +366,8 @@ class ServiceHost:
         endpoint cannot attach."""
         if self._started:
             raise RuntimeError("add_raw_unary must be called before start()")
-        if self._auth is not None:
+        # Decided once: a public or tenant method (Infer) needs no per-call check here.
+        if self._auth is not None and self._auth.required(endpoint.method) not in _OPEN:
             endpoint.authorize = self._auth.check
         endpoint.on_failure = functools.partial(self._raw_endpoint_failed, endpoint.method)
         self._raw_endpoints.append(endpoint)
@@ -333,9 +392,15 @@ class ServiceHost:
             else:
                 port = self.server.add_insecure_port(self.options.listen)
         except RuntimeError as exc:
-            raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}: {exc}") from exc
+            raise OSError(
+                f"{self.name}: cannot bind gRPC on {self.options.listen}: {exc}"
+                + _holder_hint(self.options.listen)
+            ) from exc
         if port == 0:
-            raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}")
+            raise OSError(
+                f"{self.name}: cannot bind gRPC on {self.options.listen}"
+                + _holder_hint(self.options.listen)
+            )
         self.grpc_port = port
         self.grpc_address = format_hostport(host, port)
         self._open_probe_port()
@@ -348,9 +413,12 @@ class ServiceHost:
         if self.options.metrics_listen:
             try:
                 self._metrics_http = _MetricsHttpServer(self.options.metrics_listen, self.registry)
-            except OSError:
+            except OSError as exc:
                 await self.server.stop(0)
-                raise
+                raise OSError(
+                    f"{self.name}: cannot bind /metrics on {self.options.metrics_listen}: "
+                    f"{exc.strerror or exc}" + _holder_hint(self.options.metrics_listen)
+                ) from exc
             self.metrics_port = self._metrics_http.port
             self.metrics_address = format_hostport(self._metrics_http.host, self.metrics_port)
         if self.options.ready_file is not None:
@@ -486,7 +554,11 @@ class ServiceHost:
         os.replace(tmp, path)
 
     def set_ready(self, ready: bool) -> None:
-        """Readiness (``readiness``, ``""`` and every added service name) on or off, now."""
+        """Readiness (``readiness``, ``""`` and every added service name) on or off, now.
+
+        Once shutdown began, readiness stays off whatever the caller asks."""
+        if ready and self._draining:
+            return
         self._want_ready = ready
         self._publish_health()
 
@@ -519,14 +591,19 @@ class ServiceHost:
         _log.info("stopped", extra={"host_name": self.name})
 
     def request_shutdown(self) -> None:
-        """Make :meth:`serve_until_signal` proceed as if SIGTERM had arrived."""
+        """Make :meth:`serve_until_signal` proceed as if SIGTERM had arrived (a second call
+        hastens the stop, as a second signal does)."""
+        if self._shutdown.is_set():
+            self._hurry.set()
         self._shutdown.set()
 
     async def serve_until_signal(
         self, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Wait for SIGTERM/SIGINT (or :meth:`request_shutdown`), then shut down gracefully:
-        readiness off, ``await on_shutdown()``, ``server.stop(grace)``.
+        readiness off, keep serving for the drain delay, ``await on_shutdown()``,
+        ``server.stop(grace)``. A second signal hastens this: the rest of the delay is skipped
+        and, once stopping, the drain hook is cancelled and in-flight calls are ended now.
 
         Raises :class:`ServingFailed` after that stop if it began because a completion-queue
         endpoint failed for good rather than on request."""
@@ -540,11 +617,17 @@ class ServiceHost:
                 _log.warning("cannot install a %s handler", sig.name)
         try:
             await self._shutdown.wait()
-            _log.info("shutting down", extra={"host_name": self.name})
+            self._draining = True
             self.set_ready(False)
-            if on_shutdown is not None:
-                await on_shutdown()
-            await self.stop()
+            delay = self.options.drain_delay_s
+            _log.info(
+                "shutting down: readiness off, serving on for the drain delay",
+                extra={"host_name": self.name, "drain_delay_s": delay},
+            )
+            if delay > 0 and not self._hurry.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._hurry.wait(), delay)
+            await self._stop_or_hurry(on_shutdown)
         finally:
             for sig in installed:
                 with contextlib.suppress(Exception):
@@ -553,9 +636,31 @@ class ServiceHost:
             # Stopped because a raw endpoint failed, not because we were asked to.
             raise ServingFailed(self.failure)
 
+    async def _stop_or_hurry(self, on_shutdown: Callable[[], Awaitable[None]] | None) -> None:
+        async def graceful() -> None:
+            if on_shutdown is not None:
+                await on_shutdown()
+            await self.stop()
+
+        stopping = asyncio.ensure_future(graceful())
+        hurry = asyncio.ensure_future(self._hurry.wait())
+        try:
+            await asyncio.wait((stopping, hurry), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+        if stopping.done():
+            stopping.result()
+            return
+        _log.warning("second signal: stopping now", extra={"host_name": self.name})
+        stopping.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await stopping
+        self._stopped = False  # stop() may have begun with a long grace: end it now
+        await self.stop(0)
+
     def _on_signal(self, sig: signal.Signals) -> None:
         _log.info("signal received", extra={"signal": sig.name, "host_name": self.name})
-        self._shutdown.set()
+        self.request_shutdown()
 
 
 def server_options(options: ServingOptions) -> list[tuple[str, Any]]:
@@ -565,6 +670,9 @@ def server_options(options: ServingOptions) -> list[tuple[str, Any]]:
         # Measured on the gateway at ~4,000 Infer/s: 0.194-0.198 ms of CPU per request
         # with it, 0.199-0.227 without, and no change to light-load latency.
         ("grpc.optimization_target", "throughput"),
+        ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
+        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
     ]
     if options.max_connection_age_s:
         core += [
@@ -588,7 +696,8 @@ def add_serving_arguments(
     default_max_connection_age: float = 0.0,
 ) -> None:
     """``--listen --metrics-listen --ready-file --log-level --shutdown-grace --serving-path
-    --health-listen --stall-limit --max-connection-age --max-connection-age-grace --tls-*``."""
+    --health-listen --stall-limit --max-connection-age --max-connection-age-grace --drain-delay
+    --tls-cert --tls-key --tls-client-ca --tls-ca``."""
     group = parser.add_argument_group("serving")
     group.add_argument(
         "--listen",
@@ -620,7 +729,8 @@ def add_serving_arguments(
         type=float,
         default=10.0,
         metavar="SECONDS",
-        help="on SIGTERM, how long in-flight work may take to finish (default 10)",
+        help="on SIGTERM, after the drain delay, how long in-flight work may take to finish "
+        "(default 10)",
     )
     add_serving_path_arguments(group)
     group.add_argument(
@@ -640,15 +750,50 @@ def add_serving_arguments(
         help="after GOAWAY, how long calls still running on the old connection may take "
         "before it is closed (default %(default)s)",
     )
-    group.add_argument("--tls-cert", type=Path, metavar="PEM", help="TLS certificate")
-    group.add_argument("--tls-key", type=Path, metavar="PEM", help="TLS private key")
     group.add_argument(
+        "--drain-delay",
+        type=_non_negative_seconds,
+        default=DEFAULT_DRAIN_DELAY_S,
+        metavar="SECONDS",
+        help="on SIGTERM, keep serving this long with readiness NOT_SERVING so load balancers "
+        f"stop sending, then stop accepting; a second signal cuts it short "
+        f"(default {DEFAULT_DRAIN_DELAY_S:g})",
+    )
+    tls = parser.add_argument_group("TLS (off unless given)")
+    tls.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="this process's certificate: serve TLS with it, and present it as the client "
+        "certificate on outgoing calls (default: plaintext)",
+    )
+    tls.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert (default: none)"
+    )
+    tls.add_argument(
+        "--tls-client-ca",
+        type=Path,
+        metavar="PEM",
+        help="incoming calls: require a client certificate signed by this CA (mutual TLS; "
+        "needs --tls-cert/--tls-key) (default: no client certificate asked)",
+    )
+    tls.add_argument(
         "--tls-ca",
         type=Path,
         metavar="PEM",
-        help="CA for peers: on the server, require client certificates signed by it (mTLS); "
-        "on outgoing calls, verify the server with it",
+        help="outgoing calls: use TLS and verify the server against this CA (default: TLS with "
+        "the system's trust roots when --tls-cert is given, else plaintext)",
     )
+
+
+def _non_negative_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+    if not (value >= 0.0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
+    return value
 
 
 def add_serving_path_arguments(group: argparse._ArgumentGroup) -> None:
@@ -689,9 +834,11 @@ def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
     if args.tls_cert or args.tls_key:
         if not (args.tls_cert and args.tls_key):
             raise SystemExit("--tls-cert and --tls-key go together")
-        tls = TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_ca)
-    elif args.tls_ca:
-        raise SystemExit("--tls-ca needs --tls-cert and --tls-key")
+        tls = TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca)
+    elif args.tls_client_ca:
+        raise SystemExit(
+            "--tls-client-ca (require client certificates) needs --tls-cert and --tls-key"
+        )
     metrics = args.metrics_listen
     if metrics is not None and metrics.strip().lower() in ("", "off", "none"):
         metrics = None
@@ -718,4 +865,14 @@ def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
         stall_limit_s=args.stall_limit,
         max_connection_age_s=args.max_connection_age or None,
         max_connection_age_grace_s=args.max_connection_age_grace,
+        drain_delay_s=args.drain_delay,
     )
+
+
+def outgoing_tls_from_args(args: argparse.Namespace) -> TlsOptions | None:
+    """How this process calls its peers: TLS when ``--tls-ca`` or ``--tls-cert`` is given
+    (verifying servers against ``--tls-ca``, else the system roots; presenting ``--tls-cert``
+    as the client certificate when given), else None for plaintext."""
+    if not (args.tls_ca or args.tls_cert):
+        return None
+    return TlsOptions(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)

@@ -5,7 +5,9 @@ updated, the change is recorded as a fleet event (registered / removed / expired
 replica metrics are rebuilt, WatchFleet subscribers are woken, and a model left without a
 stable version is logged once. It also owns each worker's *outbox*: the responses the
 controller sends on that worker's ``WorkerSession`` stream (its lease, drain commands) and the
-instruction to end the stream (lease lapsed, replaced by a re-registration, shutdown).
+instruction to end the stream (lease lapsed, shutdown). A registration under the id of a live
+member is refused with ``ALREADY_EXISTS / REPLICA_ID_IN_USE`` and a ``RetryInfo`` of the time
+the holder's lease has left (the id is bound to its session: see :mod:`controller.registry`).
 
 The sweeper expires lapsed leases every ``sweep_interval_s`` (``lease_ttl / 4`` by default), so
 a worker whose heartbeats stop leaves the fleet within ``ttl + ttl/4``.
@@ -31,7 +33,7 @@ from controller.event_writer import FleetEventWriter
 from controller.feed import ChangeFeed
 from controller.fleet_view import FleetView
 from controller.metrics import ControllerMetrics
-from controller.registry import FleetRegistry, LeaseExpired, Member
+from controller.registry import FleetRegistry, LeaseExpired, Member, ReplicaIdInUse
 from controller.store import FleetEvent, FleetEventKind
 from halcyon.v1 import control_pb2, fleet_pb2
 
@@ -82,12 +84,17 @@ def _lease_expired(member: Member, ttl_s: float) -> RichError:
     )
 
 
-def _replaced(member: Member) -> RichError:
+def _id_in_use(refused: ReplicaIdInUse) -> RichError:
+    holder = refused.member
     return RichError(
-        grpc.StatusCode.ABORTED,
-        f"replica {member.replica_id!r} registered again on another session; this one is closed",
-        reason=Reason.SESSION_REPLACED,
-        metadata={"replica_id": member.replica_id},
+        grpc.StatusCode.ALREADY_EXISTS,
+        f"replica id {holder.replica_id!r} is held by a live session (registered from "
+        f"{holder.descriptor.address}); it frees when that session ends or its lease lapses, "
+        f"within {refused.retry_after_s:.1f}s — give this replica another --replica-id, or stop "
+        "the other one",
+        reason=Reason.REPLICA_ID_IN_USE,
+        metadata={"replica_id": holder.replica_id},
+        retry_after_s=refused.retry_after_s,
     )
 
 
@@ -174,12 +181,21 @@ class FleetManager:
                 "the controller is shutting down; register with it (or another) again later",
                 reason=Reason.SHUTTING_DOWN,
             )
-        member, replaced = self.registry.register(descriptor)
-        if replaced is not None:
-            self._event(FleetEventKind.REMOVED, replaced, "replaced by a new registration")
-            old = self._sessions.get(replaced.replica_id)
-            if old is not None:
-                old.end(_replaced(replaced))
+        try:
+            member, lapsed = self.registry.register(descriptor)
+        except ReplicaIdInUse as refused:
+            self._metrics.registrations_refused.inc()
+            _log.warning(
+                "registration refused: replica id held by a live session",
+                extra={"replica_id": descriptor.replica_id, "address": descriptor.address,
+                       "holder_address": refused.member.descriptor.address},
+            )  # fmt: skip
+            raise _id_in_use(refused) from None
+        if lapsed is not None:
+            self._expired(lapsed, "lease lapsed; expired by a new registration under its id")
+            old = self._sessions.get(lapsed.replica_id)
+            if old is not None and old.session == lapsed.session:
+                old.end(_lease_expired(lapsed, self.registry.lease_ttl_s))
         handle = WorkerSessionHandle(member.replica_id, member.session)
         self._sessions[member.replica_id] = handle
         self._metrics.registrations.inc()
@@ -188,7 +204,7 @@ class FleetManager:
             "replica registered",
             extra={"replica_id": member.replica_id, "address": descriptor.address,
                    "model": descriptor.model, "version": descriptor.version,
-                   "replaced": replaced is not None},
+                   "expired_predecessor": lapsed is not None},
         )  # fmt: skip
         handle.send(
             control_pb2.WorkerSessionResponse(

@@ -17,18 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from common.auth import (
-    DEV_FLEET_TOKEN,
-    DEV_OPERATOR_TOKEN,
-    FLEET_TOKEN_ENV,
-    OPERATOR_TOKEN_ENV,
-    AuthPolicy,
-    token_from_env_or_default,
-)
+from common.auth import AuthPolicy
+from common.credentials import add_credential_arguments, load_credentials
 from common.logs import configure_logging
 from common.serving import ServiceHost, add_serving_arguments, serving_options_from_args
 from controller.app import Controller, ControllerConfig
-from controller.servicer import AUTH_RULES
 from controller.stable_versions import (
     merge_configured,
     parse_stable_assignment,
@@ -46,8 +39,9 @@ DEFAULT_DB = "./halcyon-controller.sqlite"
 
 _EPILOG = """\
 examples:
-  halcyon controller --stable resnet=v1 --stable bert=v3
-  HALCYON_FLEET_TOKEN=... HALCYON_OPERATOR_TOKEN=... halcyon controller --db /var/lib/halcyon.db
+  halcyon controller --dev-mode --stable resnet=v1 --stable bert=v3
+  halcyon controller --fleet-token-file /run/secrets/fleet --operator-token-file \
+      /run/secrets/operator --db /var/lib/halcyon.db --listen 0.0.0.0:50050
 
 config file (--config, YAML):
   stable:
@@ -61,8 +55,10 @@ A promotion persisted in the --db file survives restarts until the configured ve
 that model changes.
 
 Credentials: workers and gateways present the fleet token, operators the operator token, as
-'authorization: Bearer <token>'. Prefer the environment variables to the flags (flags are
-visible in the process list). Without either, insecure dev defaults are used, with a warning.
+'authorization: Bearer <token>'. Give each as a file (--fleet-token-file, --operator-token-file)
+or in $HALCYON_FLEET_TOKEN / $HALCYON_OPERATOR_TOKEN, never on the command line. Without them
+the controller refuses to start, unless --dev-mode (loopback only) lets it use the public
+development tokens.
 """
 
 
@@ -136,15 +132,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="rolling window over which gateway outcome reports are aggregated (default 60)",
     )
-    group.add_argument(
-        "--fleet-token",
-        metavar="TOKEN",
-        help=f"fleet credential (default ${FLEET_TOKEN_ENV}, else the insecure dev default)",
-    )
-    group.add_argument(
-        "--operator-token",
-        metavar="TOKEN",
-        help=f"operator credential (default ${OPERATOR_TOKEN_ENV}, else the insecure dev default)",
+    add_credential_arguments(
+        parser,
+        fleet_use="which workers and gateways must present",
+        operator_use="which operators must present",
     )
     add_serving_arguments(
         parser, default_listen=DEFAULT_LISTEN, default_metrics_listen=DEFAULT_METRICS_LISTEN
@@ -183,22 +174,11 @@ def build_config(args: argparse.Namespace) -> ControllerConfig:
 
 
 def _auth_policy(args: argparse.Namespace) -> AuthPolicy:
-    fleet, fleet_dev = token_from_env_or_default(args.fleet_token, FLEET_TOKEN_ENV, DEV_FLEET_TOKEN)
-    operator, operator_dev = token_from_env_or_default(
-        args.operator_token, OPERATOR_TOKEN_ENV, DEV_OPERATOR_TOKEN
+    """The gate for the controller's credentials (raises CredentialError, a ValueError)."""
+    credentials = load_credentials(
+        args, fleet_required=True, operator_required=True, listen=args.listen
     )
-    for name, dev, env in (
-        ("fleet", fleet_dev, FLEET_TOKEN_ENV),
-        ("operator", operator_dev, OPERATOR_TOKEN_ENV),
-    ):
-        if dev:
-            _log.warning(
-                f"using the insecure dev {name} token; set ${env} outside development",
-                extra={"credential": name},
-            )
-    if fleet == operator:
-        raise ValueError("the fleet and operator tokens must differ")
-    return AuthPolicy(fleet_token=fleet, operator_token=operator, rules=AUTH_RULES)
+    return credentials.policy()
 
 
 async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthPolicy) -> int:

@@ -36,6 +36,11 @@ class ControllerMetrics:
             "Accepted worker registrations (re-registrations included)",
             registry=r,
         )
+        self.registrations_refused = Counter(
+            "halcyon_controller_registrations_refused",
+            "Worker registrations refused because their replica id is held by a live session",
+            registry=r,
+        )
         self.lease_expirations = Counter(
             "halcyon_controller_lease_expirations",
             "Members removed because their lease lapsed without a heartbeat",

@@ -1,10 +1,17 @@
 """Fleet membership by lease: who is in the fleet right now, and when that changed.
 
 What it decides: a replica is a fleet member from the moment it registers until its session
-ends (``remove``) or its lease lapses (no heartbeat within ``lease_ttl_s``; ``expire``). A
-re-registration of the same ``replica_id`` replaces the old member and starts a new *session*;
-calls that name an older session (a late heartbeat or the close of a superseded stream) are
-ignored, so a replaced stream can never remove or renew its successor.
+ends (``remove``) or its lease lapses (no heartbeat within ``lease_ttl_s``; ``expire``).
+
+A replica id is bound to its session: a second registration under the id of a live member is
+refused (:class:`ReplicaIdInUse`, with the time its lease has left), so a holder of the fleet
+credential cannot take over a running replica and point its traffic elsewhere. The id is free
+again once the first session is gone — its stream ended, or its lease lapsed (a lapsed member
+is expired on the spot by the new registration, which then starts a new *session*). Calls that
+name an older session (a late heartbeat or the close of an expired stream) are ignored, so an
+old stream can never remove or renew its successor. The cost: a worker whose connection broke
+without the controller noticing (a half-open stream) re-registers only when its old lease
+lapses, within ``lease_ttl_s``.
 
 Why leases and not "stream open": a half-open TCP connection can keep a stream looking alive
 for minutes; a lease makes a silent worker leave within ``lease_ttl_s`` (plus the sweep
@@ -36,6 +43,7 @@ __all__ = [
     "InvalidDescriptor",
     "LeaseExpired",
     "Member",
+    "ReplicaIdInUse",
     "UnknownMember",
     "validate_descriptor",
 ]
@@ -60,6 +68,16 @@ class LeaseExpired(Exception):
     def __init__(self, member: Member) -> None:
         super().__init__(f"lease of replica {member.replica_id!r} expired")
         self.member = member
+
+
+class ReplicaIdInUse(Exception):
+    """A registration under the id of a live member; the id frees when that session ends or
+    its lease lapses, ``retry_after_s`` from now at the latest."""
+
+    def __init__(self, member: Member, retry_after_s: float) -> None:
+        super().__init__(f"replica id {member.replica_id!r} is held by a live session")
+        self.member = member
+        self.retry_after_s = retry_after_s
 
 
 @dataclass(frozen=True)
@@ -138,12 +156,17 @@ class FleetRegistry:
     # -- changes ------------------------------------------------------------------------------
 
     def register(self, descriptor: fleet_pb2.ReplicaDescriptor) -> tuple[Member, Member | None]:
-        """Admit a replica (replacing any member with the same id) with a fresh lease.
+        """Admit a replica with a fresh lease, unless its id is held by a live member.
 
-        Returns ``(new member, replaced member or None)``. Raises :class:`InvalidDescriptor`.
+        Returns ``(new member, lapsed predecessor expired on the spot, or None)``. Raises
+        :class:`InvalidDescriptor`, or :class:`ReplicaIdInUse` while a member with the same id
+        holds a fresh lease.
         """
         validate_descriptor(descriptor)
         now = self._clock.now()
+        holder = self._members.get(descriptor.replica_id)
+        if holder is not None and holder.lease_expires_at > now:
+            raise ReplicaIdInUse(holder, holder.lease_expires_at - now)
         stored = fleet_pb2.ReplicaDescriptor()
         stored.CopyFrom(descriptor)
         member = Member(
@@ -154,10 +177,9 @@ class FleetRegistry:
             lease_expires_at=now + self._ttl,
         )
         self._next_session += 1
-        replaced = self._members.get(member.replica_id)
         self._members[member.replica_id] = member
         self._bump()
-        return member, replaced
+        return member, holder
 
     def heartbeat(
         self, replica_id: str, load: fleet_pb2.ReplicaLoad, session: int | None = None

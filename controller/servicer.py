@@ -5,23 +5,22 @@ each domain exception becomes a status (:meth:`ControlService._fail`, the one pl
 them). Membership lives in :mod:`controller.fleet`, outcome evidence in
 :mod:`controller.outcomes`, history in :mod:`controller.store`.
 
-Authorization is not checked here: :data:`AUTH_RULES` is handed to the host's
-:class:`common.auth.AuthPolicy`, which rejects a call before its handler runs — workers and
-gateways need the fleet credential (WorkerSession, WatchFleet, ReportOutcomes), everything
-else needs the operator credential.
+Authorization is not checked here: the host's :class:`common.auth.AuthPolicy` rejects a call
+before its handler runs, per :data:`common.auth.METHOD_ACCESS` — workers and gateways need the
+fleet credential (WorkerSession, WatchFleet, ReportOutcomes), everything else needs the
+operator credential.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from typing import Any, NoReturn
 
 import grpc
 import grpc.aio
 
-from common.auth import Role
 from common.errors import Reason, RichError, abort, invalid_argument
 from controller import drain_advice, rollout_requests
 from controller.convert import (
@@ -39,18 +38,11 @@ from controller.registry import InvalidDescriptor, UnknownMember
 from controller.store import ControllerStore
 from halcyon.v1 import control_pb2, control_pb2_grpc
 
-__all__ = ["AUTH_RULES", "SERVICE_NAME", "ControlService"]
+__all__ = ["SERVICE_NAME", "ControlService"]
 
 _log = logging.getLogger("halcyon.controller.servicer")
 
 SERVICE_NAME = "halcyon.v1.ControlService"
-_PREFIX = f"/{SERVICE_NAME}/"
-AUTH_RULES: Mapping[str, Role | None] = {
-    _PREFIX: Role.OPERATOR,
-    f"{_PREFIX}WorkerSession": Role.FLEET,
-    f"{_PREFIX}WatchFleet": Role.FLEET,
-    f"{_PREFIX}ReportOutcomes": Role.FLEET,
-}
 MAX_DECISIONS = 10_000
 DEFAULT_DECISIONS = 100
 

@@ -28,7 +28,7 @@ import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
-from common.auth import bearer_metadata
+from common.auth import AuthPolicy, bearer_metadata
 from common.clock import Clock, MonotonicClock
 from common.durations import set_duration, to_duration
 from common.errors import (
@@ -37,6 +37,7 @@ from common.errors import (
     abort,
     invalid_argument,
     not_found_model,
+    permission_denied,
     quota_exceeded,
     unauthenticated,
     unavailable,
@@ -96,6 +97,9 @@ INFER_METHOD = f"/{SERVICE_NAME}/Infer"
 # How long past its deadline the gateway waits for an answer before giving up on it itself.
 # The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
 ANSWER_GRACE_S = 0.25
+# Twice the largest valid InferRequest (64 KiB of input plus small fields): anything bigger is
+# refused unparsed with RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE.
+MAX_INFER_REQUEST_BYTES = 128 * 1024
 
 _PRIORITY: dict[int, Priority] = {
     infer_pb2.PRIORITY_CRITICAL: Priority.CRITICAL,
@@ -127,6 +131,8 @@ class GatewayConfig:
     tenants: TenantRegistry
     controller: str | None = None
     fleet_token: str = ""
+    # Known only so that an operator token sent to Infer is refused as WRONG_ROLE.
+    operator_token: str = ""
     gateway_id: str = field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
     default_timeout_s: float = 10.0
     seed: int = 0
@@ -278,7 +284,11 @@ class GatewayApp:
     def __init__(self, config: GatewayConfig, *, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or MonotonicClock()
-        self.host = ServiceHost("gateway", config.serving, auth=None)
+        # Fail-closed method table; Infer is TENANT access, checked by _authenticate.
+        self.auth = AuthPolicy(
+            fleet_token=config.fleet_token or None, operator_token=config.operator_token or None
+        )
+        self.host = ServiceHost("gateway", config.serving, self.auth)
         self.metrics = GatewayMetrics(self.host.registry, self.host.scrape_hooks)
         self._snapshot = LoopSnapshot(self._take_snapshot, GatewaySnapshot())
         self.metrics.watch(self._snapshot)
@@ -315,9 +325,11 @@ class GatewayApp:
         self.host.add_service(
             infer_pb2_grpc.add_InferServiceServicer_to_server, InferServicer(self), SERVICE_NAME
         )
-        self.host.add_raw_unary(
-            RawUnaryEndpoint(INFER_METHOD, RawInferAdapter(self), self.host.grpc_metrics)
+        infer_endpoint = RawUnaryEndpoint(
+            INFER_METHOD, RawInferAdapter(self), self.host.grpc_metrics
         )
+        infer_endpoint.max_request_bytes = MAX_INFER_REQUEST_BYTES
+        self.host.add_raw_unary(infer_endpoint)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -467,6 +479,15 @@ class GatewayApp:
             )
         tenant = self.tenants.authenticate(key)
         if tenant is None:
+            roles = self.auth.roles_of(key)
+            if roles:
+                err = permission_denied(
+                    f"Infer needs a tenant API key; this is the {'/'.join(sorted(roles))} "
+                    "credential",
+                    Reason.WRONG_ROLE,
+                )
+                err.metadata = {"method": INFER_METHOD, "required_role": "tenant"}
+                raise err
             raise unauthenticated("unknown API key", Reason.INVALID_CREDENTIALS)
         return tenant
 
@@ -764,7 +785,7 @@ def _outcome_label(err: RichError) -> str:
         label = str(err.reason).lower()
         if label in REQUEST_OUTCOMES:
             return label
-        if label in ("missing_credentials", "invalid_credentials"):
+        if label in ("missing_credentials", "invalid_credentials", "wrong_role"):
             return "unauthenticated"
         if label == "invalid_field":
             return "invalid_argument"

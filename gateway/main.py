@@ -13,13 +13,13 @@ import logging
 from pathlib import Path
 
 from common.argtypes import hostport, positive
-from common.auth import DEV_FLEET_TOKEN, FLEET_TOKEN_ENV, token_from_env_or_default
+from common.credentials import CredentialError, add_credential_arguments, load_credentials
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
     ServingFailed,
-    TlsOptions,
     add_serving_arguments,
+    outgoing_tls_from_args,
     serving_options_from_args,
 )
 from common.thread_scheduling import add_helper_threads_argument, tune_threads
@@ -34,14 +34,15 @@ _log = logging.getLogger("halcyon.gateway")
 
 _EPILOG = """\
 examples:
-  halcyon gateway --controller 127.0.0.1:50050
+  halcyon gateway --dev-mode --controller 127.0.0.1:50050
   halcyon gateway --listen 0.0.0.0:50051 --tenants /etc/halcyon/tenants.yaml \\
-      --controller halcyon-controller:50050
+      --fleet-token-file /run/secrets/fleet --controller halcyon-controller:50050
 
 Clients authenticate with a tenant API key ('x-api-key: KEY' or 'authorization: Bearer KEY').
-Without --tenants the demo tenants apply: demo-key-premium (critical), demo-key-standard,
-demo-key-batch (sheddable). The gateway is ready (grpc.health.v1 name "readiness") once the
-controller has told it about at least one replica.
+--tenants is required, except in --dev-mode (loopback only), where the public demo tenants
+apply: demo-key-premium (critical), demo-key-standard, demo-key-batch (sheddable). The gateway
+is ready (grpc.health.v1 name "readiness") once the controller has told it about at least one
+replica.
 """
 
 
@@ -66,11 +67,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "(default: none, and a gateway without one has no replicas and never becomes ready)",
     )
     fleet.add_argument(
-        "--fleet-token",
-        metavar="TOKEN",
-        help=f"fleet credential (default ${FLEET_TOKEN_ENV}, else the insecure dev token)",
-    )
-    fleet.add_argument(
         "--gateway-id", metavar="ID", help="id reported to the controller (default gw-HOST-PID)"
     )
     policy = parser.add_argument_group("policy")
@@ -78,7 +74,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tenants",
         type=Path,
         metavar="YAML",
-        help="tenant keys (SHA-256), quotas and priorities (default: the demo tenants)",
+        help="tenant keys (SHA-256), quotas and priorities; required unless --dev-mode "
+        "(default: none; with --dev-mode the public demo tenants)",
     )
     policy.add_argument(
         "--default-timeout",
@@ -108,6 +105,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     policy.add_argument(
         "--seed", type=int, default=0, help="seed for routing choices (default %(default)s)"
     )
+    add_credential_arguments(parser, fleet_use="presented to the controller and workers")
     add_serving_arguments(
         parser,
         default_listen="127.0.0.1:50051",
@@ -119,30 +117,28 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    fleet_token, fleet_dev = token_from_env_or_default(
-        args.fleet_token, FLEET_TOKEN_ENV, DEV_FLEET_TOKEN
+    """The :class:`GatewayConfig` the flags describe (raises ValueError / OSError)."""
+    credentials = load_credentials(
+        args, fleet_required=True, operator_required=False, listen=args.listen
     )
-    if fleet_dev:
-        _log.warning(
-            "using the built-in dev fleet credential; set --fleet-token or "
-            f"${FLEET_TOKEN_ENV} outside development"
-        )
     if args.tenants is not None:
         tenants = TenantRegistry.from_yaml(args.tenants)
-    else:
-        _log.warning("no --tenants given: serving the demo tenants (demo-key-*)")
+    elif credentials.dev_mode:
+        _log.warning("development mode: serving the public demo tenants (demo-key-*)")
         tenants = TenantRegistry.demo()
+    else:
+        raise CredentialError(
+            "no --tenants: pass --tenants YAML (format: gateway/admission/tenants.example.yaml), "
+            "or --dev-mode (loopback only) for the public demo tenants"
+        )
     serving = serving_options_from_args(args)
-    peer_tls = (
-        TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_ca)
-        if serving.tls is not None
-        else None
-    )
+    peer_tls = outgoing_tls_from_args(args)
     config = GatewayConfig(
         serving=serving,
         tenants=tenants,
         controller=args.controller,
-        fleet_token=fleet_token,
+        fleet_token=credentials.fleet or "",
+        operator_token=credentials.operator or "",
         default_timeout_s=args.default_timeout,
         seed=args.seed,
         objective=Objective.parse(args.objective),
@@ -161,6 +157,9 @@ def run(args: argparse.Namespace) -> int:
     configure_tracing("gateway")
     try:
         config = config_from_args(args)
+    except CredentialError as exc:
+        _log.error(str(exc))
+        return 2
     except (OSError, ValueError) as exc:
         what = (
             f"cannot read {exc.filename}: {exc.strerror or exc}"

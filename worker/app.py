@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from opentelemetry import trace
 
-from common.auth import AuthPolicy, Role
+from common.auth import AuthPolicy
 from common.backoff import Backoff
 from common.clock import Clock, MonotonicClock
 from common.raw_unary import RawUnaryEndpoint
@@ -52,13 +52,10 @@ _log = logging.getLogger("halcyon.worker")
 _WILDCARD_HOSTS = ("0.0.0.0", "::", "")
 
 
-def worker_auth_policy(fleet_token: str, operator_token: str) -> AuthPolicy:
-    """Every WorkerService call needs the fleet credential (proto contract)."""
-    return AuthPolicy(
-        fleet_token=fleet_token,
-        operator_token=operator_token,
-        rules={f"/{SERVICE_NAME}/": Role.FLEET},
-    )
+def worker_auth_policy(fleet_token: str, operator_token: str | None) -> AuthPolicy:
+    """Every WorkerService call needs the fleet credential (common.auth.METHOD_ACCESS); the
+    operator credential, when known, is only recognised so that it is refused as WRONG_ROLE."""
+    return AuthPolicy(fleet_token=fleet_token, operator_token=operator_token)
 
 
 @dataclass
@@ -66,7 +63,7 @@ class WorkerConfig:
     """Everything a worker is configured with (the ``halcyon worker`` flags)."""
 
     fleet_token: str
-    operator_token: str
+    operator_token: str | None
     replica_id: str | None = None  # None: worker-<bound port>
     model: str = "llama-3-8b"
     version: str = "v1"

@@ -13,20 +13,14 @@ import asyncio
 import logging
 
 from common.argtypes import hostport, non_negative, positive, probability
-from common.auth import (
-    DEV_FLEET_TOKEN,
-    DEV_OPERATOR_TOKEN,
-    FLEET_TOKEN_ENV,
-    OPERATOR_TOKEN_ENV,
-    token_from_env_or_default,
-)
 from common.backoff import Backoff
+from common.credentials import CredentialError, add_credential_arguments, load_credentials
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
     ServingFailed,
-    TlsOptions,
     add_serving_arguments,
+    outgoing_tls_from_args,
     serving_options_from_args,
 )
 from common.thread_scheduling import add_helper_threads_argument, tune_threads
@@ -39,10 +33,11 @@ _log = logging.getLogger("halcyon.worker")
 
 _EPILOG = """\
 examples:
-  halcyon worker --controller 127.0.0.1:50050
+  halcyon worker --dev-mode --controller 127.0.0.1:50050
   halcyon worker --listen 127.0.0.1:50061 --metrics-listen 127.0.0.1:9461 \\
+      --fleet-token-file /run/secrets/fleet \\
       --replica-id straggler --speed 0.6 --controller 127.0.0.1:50050
-  halcyon worker --version v2 --fail-rate 0.2 --controller 127.0.0.1:50050   # a bad canary
+  halcyon worker --dev-mode --version v2 --fail-rate 0.2 --controller 127.0.0.1:50050  # bad canary
 
 The device time of a batch is (intercept-ms + ms-per-token * tokens) / speed * (1 +/- jitter),
 where tokens = sum(input_tokens + max_output_tokens) over its items. All slots busy is
@@ -122,11 +117,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="address gateways should dial (default: the bound --listen address)",
     )
     fleet.add_argument(
-        "--fleet-token",
-        metavar="TOKEN",
-        help=f"fleet credential (default ${FLEET_TOKEN_ENV}, else the insecure dev token)",
-    )
-    fleet.add_argument(
         "--reconnect-max-s",
         type=positive,
         default=10.0,
@@ -162,6 +152,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0.0,
         help="fraction of batches that hang until cancelled (default 0)",
     )
+    add_credential_arguments(
+        parser, fleet_use="presented to the controller and required of gateways"
+    )
     add_serving_arguments(
         parser, default_listen="127.0.0.1:50060", default_metrics_listen="127.0.0.1:9460"
     )
@@ -169,25 +162,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    """The :class:`WorkerConfig` the parsed flags describe (warns about dev credentials)."""
-    fleet_token, fleet_dev = token_from_env_or_default(
-        args.fleet_token, FLEET_TOKEN_ENV, DEV_FLEET_TOKEN
+    """The :class:`WorkerConfig` the parsed flags describe (raises CredentialError)."""
+    credentials = load_credentials(
+        args, fleet_required=True, operator_required=False, listen=args.listen
     )
-    operator_token, _ = token_from_env_or_default(None, OPERATOR_TOKEN_ENV, DEV_OPERATOR_TOKEN)
-    if fleet_dev:
-        _log.warning(
-            "using the built-in dev fleet credential; set --fleet-token or "
-            f"${FLEET_TOKEN_ENV} outside development"
-        )
     serving = serving_options_from_args(args)
-    controller_tls = (
-        TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_ca)
-        if serving.tls is not None
-        else None
-    )
+    controller_tls = outgoing_tls_from_args(args)
     return WorkerConfig(
-        fleet_token=fleet_token,
-        operator_token=operator_token,
+        fleet_token=credentials.fleet or "",
+        operator_token=credentials.operator,
         replica_id=args.replica_id,
         model=args.model,
         version=args.version,
@@ -214,7 +197,11 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, drain, exit 0."""
     configure_logging("worker", args.log_level)
     configure_tracing("worker")
-    config = config_from_args(args)
+    try:
+        config = config_from_args(args)
+    except CredentialError as exc:
+        _log.error(str(exc))
+        return 2
 
     def after_start() -> None:
         tune_for_serving()

@@ -91,7 +91,7 @@ def test_process_serves_persists_and_stops_cleanly_on_sigterm(tmp_path: Path) ->
     proc = subprocess.Popen(
         [sys.executable, "-m", "halcyon.cli", "controller", "--listen", "127.0.0.1:0",
          "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready), "--db", str(db),
-         "--stable", "resnet=v1", "--shutdown-grace", "2"],
+         "--stable", "resnet=v1", "--shutdown-grace", "2", "--drain-delay", "0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:

@@ -12,6 +12,7 @@ from controller.registry import (
     FleetRegistry,
     InvalidDescriptor,
     LeaseExpired,
+    ReplicaIdInUse,
     UnknownMember,
     validate_descriptor,
 )
@@ -86,15 +87,42 @@ def test_heartbeat_after_lapse_expires_instead_of_reviving(
         reg.heartbeat("r1", load(), member.session)
 
 
-def test_reregister_replaces_and_old_session_cannot_touch_new(reg: FleetRegistry) -> None:
+def test_a_live_replica_id_cannot_be_taken_over(clock: ManualClock, reg: FleetRegistry) -> None:
+    live, _ = reg.register(desc(address="10.0.0.1:1"))
+    clock.advance(0.4)
+    gen = reg.generation
+    with pytest.raises(ReplicaIdInUse) as info:
+        reg.register(desc(address="127.0.0.1:1"))  # a rogue (or a twin) with the same id
+    assert info.value.member == live
+    assert info.value.retry_after_s == pytest.approx(0.6)  # what the live lease has left
+    assert [m.descriptor.address for m in reg.members()] == ["10.0.0.1:1"]
+    assert reg.generation == gen  # nothing gateways must see
+    # Renewed by its heartbeats, the live session keeps its id for as long as it lives.
+    reg.heartbeat("r1", load(), live.session)
+    clock.advance(0.9)
+    with pytest.raises(ReplicaIdInUse):
+        reg.register(desc(address="127.0.0.1:1"))
+
+
+def test_the_id_frees_when_the_session_ends(reg: FleetRegistry) -> None:
     old, _ = reg.register(desc(address="10.0.0.1:1"))
-    new, replaced = reg.register(desc(address="10.0.0.2:2"))
-    assert replaced == old
+    assert reg.remove("r1", old.session) == old  # its stream ended
+    new, lapsed = reg.register(desc(address="10.0.0.2:2"))
+    assert lapsed is None and new.session != old.session
+
+
+def test_the_id_frees_when_the_lease_lapses_and_the_old_session_cannot_touch_the_new(
+    clock: ManualClock, reg: FleetRegistry
+) -> None:
+    old, _ = reg.register(desc(address="10.0.0.1:1"))
+    clock.advance(TTL)  # lapsed, not yet swept
+    new, lapsed = reg.register(desc(address="10.0.0.2:2"))
+    assert lapsed == old
     assert new.session != old.session
     assert [m.descriptor.address for m in reg.members()] == ["10.0.0.2:2"]
     with pytest.raises(UnknownMember):
         reg.heartbeat("r1", load(), old.session)
-    assert reg.remove("r1", old.session) is None  # the superseded stream closing
+    assert reg.remove("r1", old.session) is None  # the old stream closing late
     assert len(reg) == 1
     assert reg.remove("r1", new.session) == new
     assert len(reg) == 0
@@ -160,6 +188,8 @@ def test_operator_drain_is_sticky_until_reregistration(reg: FleetRegistry) -> No
     assert reg.generation == gen + 1
     reg.request_drain("r1")
     assert reg.generation == gen + 1
+    member = reg.members()[0]
+    reg.remove("r1", member.session)  # its session ended; it registers again
     reg.register(desc())
     assert not reg.members()[0].draining
     with pytest.raises(UnknownMember):
@@ -224,8 +254,15 @@ class RegistryMachine(RuleBasedStateMachine):
 
     @rule(replica_id=IDS)
     def register(self, replica_id: str) -> None:
+        now = self.clock.now()
+        expiry = self.model.get(replica_id)
+        if expiry is not None and expiry > now:  # a live session holds the id
+            with pytest.raises(ReplicaIdInUse) as info:
+                self.reg.register(desc(replica_id))
+            assert info.value.retry_after_s == pytest.approx(expiry - now)
+            return
         self.reg.register(desc(replica_id))
-        self.model[replica_id] = self.clock.now() + TTL
+        self.model[replica_id] = now + TTL
 
     @rule(replica_id=IDS, draining=st.booleans(), busy=st.integers(0, 3))
     def heartbeat(self, replica_id: str, draining: bool, busy: int) -> None:

@@ -19,7 +19,6 @@ from common.durations import to_duration as duration
 from common.errors import Reason, RichError, parse_rpc_error
 from common.serving import ServiceHost, ServingOptions
 from controller.app import Controller, ControllerConfig
-from controller.servicer import AUTH_RULES
 from controller.store import DecisionAction, DecisionRecord, FleetEventKind, RolloutRecord
 from controller.store import RolloutStatus as StoreRolloutStatus
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
@@ -51,7 +50,7 @@ async def start_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
     started: list[Stack] = []
 
     async def start(lease_ttl_s: float = 5.0, heartbeat_interval_s: float = 1.0) -> Stack:
-        auth = AuthPolicy(fleet_token=FLEET_TOKEN, operator_token=OPERATOR_TOKEN, rules=AUTH_RULES)
+        auth = AuthPolicy(fleet_token=FLEET_TOKEN, operator_token=OPERATOR_TOKEN)
         host = ServiceHost(
             "controller",
             ServingOptions(listen="127.0.0.1:0", metrics_listen=None, grace_s=1.0),
@@ -236,16 +235,35 @@ async def test_silent_worker_expires_but_heartbeating_one_stays(
     watch.cancel()
 
 
-async def test_reregistration_replaces_the_old_session(start_stack: StackFactory) -> None:
+async def test_a_second_registration_under_a_live_id_is_refused(
+    start_stack: StackFactory,
+) -> None:
     stack = await start_stack()
-    old, _ = await register(stack, "r1", address="10.0.0.1:1")
-    new, _ = await register(stack, "r1", address="10.0.0.2:2")
-    assert await stream_end(old) == grpc.StatusCode.ABORTED
+    live, _ = await register(stack, "r1", address="10.0.0.1:1")
+    # Anyone holding the fleet credential tries to take the id over with another address.
+    rogue = stack.stub.WorkerSession(metadata=FLEET)
+    await rogue.write(
+        control_pb2.WorkerSessionRequest(register=descriptor("r1", address="127.0.0.1:1"))
+    )
+    err = await rpc_error(rogue.read())
+    assert err.code == grpc.StatusCode.ALREADY_EXISTS
+    assert err.reason == Reason.REPLICA_ID_IN_USE
+    assert err.metadata["replica_id"] == "r1"
+    assert err.retry_after_s is not None and 0 < err.retry_after_s <= 5.0  # the lease left
+    # The live session is untouched: same address, still heartbeating.
+    members = stack.controller.registry.members()
+    assert [(m.replica_id, m.descriptor.address) for m in members] == [("r1", "10.0.0.1:1")]
+    await live.write(control_pb2.WorkerSessionRequest(heartbeat=fleet_pb2.ReplicaLoad()))
+    assert stack.controller.metrics.registrations_refused._value.get() == 1
+    # Once the first session is gone, the id is free again.
+    await live.done_writing()
+    assert await stream_end(live) == grpc.StatusCode.OK
+    await wait_until(lambda: len(stack.controller.registry) == 0)
+    again, _ = await register(stack, "r1", address="10.0.0.2:2")
     members = stack.controller.registry.members()
     assert [(m.replica_id, m.descriptor.address) for m in members] == [("r1", "10.0.0.2:2")]
-    await new.done_writing()
-    assert await stream_end(new) == grpc.StatusCode.OK
-    await wait_until(lambda: len(stack.controller.registry) == 0)
+    await again.done_writing()
+    assert await stream_end(again) == grpc.StatusCode.OK
 
 
 async def test_session_protocol_errors_are_invalid_argument(start_stack: StackFactory) -> None:

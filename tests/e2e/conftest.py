@@ -85,7 +85,12 @@ class Proc:
             sys.executable,
             "-m",
             "halcyon",
-            *self.args,
+            self.args[0],
+            # Nothing balances across test processes: stop accepting at once on SIGTERM. A test
+            # of the drain delay passes its own, later on the line, which wins.
+            "--drain-delay",
+            "0",
+            *self.args[1:],
             "--listen",
             "127.0.0.1:0",
             "--metrics-listen",
@@ -472,6 +477,8 @@ class Launcher:
             name,
             "--shutdown-grace",
             "2",
+            # The demo tenants (demo-key-*) on loopback; the credentials come from the env.
+            "--dev-mode",
             *extra,
         )
 
@@ -559,6 +566,7 @@ def e2e() -> SimpleNamespace:
         FLEET_TOKEN=FLEET_TOKEN,
         OPERATOR_TOKEN=OPERATOR_TOKEN,
         INSTANT=INSTANT,
+        GRPCURL=GRPCURL,
         wait_for=wait_for,
         scrape=scrape,
         sample=sample,

@@ -96,7 +96,10 @@ def echo_policy() -> AuthPolicy:
         fleet_token=FLEET,
         operator_token=OPERATOR,
         rules={
-            f"/{TEST_SERVICE}/": Role.FLEET,
+            f"/{TEST_SERVICE}/Unary": Role.FLEET,
+            f"/{TEST_SERVICE}/ServerStream": Role.FLEET,
+            f"/{TEST_SERVICE}/ClientStream": Role.FLEET,
+            f"/{TEST_SERVICE}/Bidi": Role.FLEET,
             f"/{TEST_SERVICE}/OperatorOnly": Role.OPERATOR,
         },
     )

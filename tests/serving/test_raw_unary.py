@@ -279,7 +279,7 @@ async def test_client_cancel_runs_on_cancel(make_raw_host: Any, wait_until: Any)
 
 
 async def test_auth_policy_of_the_host_applies(make_raw_host: Any) -> None:
-    policy = AuthPolicy(fleet_token="f", operator_token="o", rules={f"/{SERVICE}/": Role.FLEET})
+    policy = AuthPolicy(fleet_token="f", operator_token="o", rules={METHOD: Role.FLEET})
     host, handler, _ = await make_raw_host(auth=policy)
     channel, call = _call(host)
     async with channel:

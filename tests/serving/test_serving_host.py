@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import urllib.request
 from pathlib import Path
 from types import SimpleNamespace
@@ -16,10 +17,12 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client.parser import text_string_to_metric_families
 
 from common.serving import (
+    DEFAULT_DRAIN_DELAY_S,
     ServiceHost,
     ServingOptions,
     add_serving_arguments,
     format_hostport,
+    outgoing_tls_from_args,
     parse_hostport,
     serving_options_from_args,
 )
@@ -95,42 +98,70 @@ async def test_metrics_can_be_turned_off(make_host: Any) -> None:
 async def test_a_taken_port_fails_loudly(make_host: Any) -> None:
     first = await make_host()
     second = ServiceHost("dup", ServingOptions(listen=first.grpc_address), None)
-    with pytest.raises(OSError, match="cannot bind"):
+    # The error says which process holds the port (here: this one).
+    with pytest.raises(OSError, match=rf"cannot bind.*held by pid {os.getpid()} \("):
         await second.start()
     await second.stop(0)
+    third = ServiceHost(
+        "dup", ServingOptions(listen="127.0.0.1:0", metrics_listen=first.metrics_address), None
+    )
+    with pytest.raises(OSError, match=rf"cannot bind /metrics.*held by pid {os.getpid()} \("):
+        await third.start()
+    await third.stop(0)
 
 
-async def test_serve_until_signal_runs_shutdown_in_order(make_host: Any) -> None:
-    host = await make_host()
+async def test_drain_delay_keeps_serving_with_readiness_off(
+    make_host: Any, echo: SimpleNamespace
+) -> None:
+    host = await make_host(options=ServingOptions(drain_delay_s=0.5, metrics_listen=None))
     host.set_ready(True)
-    seen: list[str] = []
+    stopped: list[float] = []
 
     async def on_shutdown() -> None:
-        seen.append(f"on_shutdown ready={host.ready}")
+        stopped.append(asyncio.get_running_loop().time())
 
     serving = asyncio.create_task(host.serve_until_signal(on_shutdown))
     await asyncio.sleep(0)
-    assert not serving.done()
+    asked = asyncio.get_running_loop().time()
     host.request_shutdown()
-    await asyncio.wait_for(serving, 10)
-    assert seen == ["on_shutdown ready=False"]
-    # Stopped: new calls fail.
     async with grpc.aio.insecure_channel(host.grpc_address) as ch:
-        with pytest.raises(grpc.aio.AioRpcError):
-            await _status(ch, "liveness")
+        await asyncio.sleep(0.05)
+        assert await _status(ch, "readiness") == NOT_SERVING
+        assert await _status(ch, "liveness") == SERVING
+        host.set_ready(True)  # e.g. a fleet update arriving while draining: ignored
+        assert await _status(ch, "readiness") == NOT_SERVING
+        assert await echo.unary(ch)(b"ok") == b"ok"  # still serving calls
+        assert not stopped
+    await asyncio.wait_for(serving, 10)
+    assert stopped and stopped[0] - asked >= 0.45
 
 
-async def test_stop_waits_for_in_flight_calls_within_grace(
+async def test_a_second_request_cuts_the_drain_delay_and_the_grace(
     make_host: Any, echo: SimpleNamespace
 ) -> None:
-    host = await make_host()
+    host = await make_host(
+        options=ServingOptions(drain_delay_s=60.0, grace_s=60.0, metrics_listen=None)
+    )
+    hook: list[str] = []
+
+    async def on_shutdown() -> None:
+        hook.append("started")
+        await asyncio.Event().wait()  # a drain hook that would take the whole grace
+
     async with grpc.aio.insecure_channel(host.grpc_address) as ch:
-        call = echo.unary(ch)(b"slow")
-        health = health_pb2_grpc.HealthStub(ch)
-        await health.Check(health_pb2.HealthCheckRequest(service="liveness"))
-        await host.stop(0.05)  # the slow call cannot finish: cancelled after the grace
+        slow = asyncio.ensure_future(echo.unary(ch)(b"slow"))
+        serving = asyncio.create_task(host.serve_until_signal(on_shutdown))
+        await asyncio.sleep(0.05)
+        loop = asyncio.get_running_loop()
+        host.request_shutdown()
+        await asyncio.sleep(0.2)
+        assert not serving.done()  # in the 60 s drain delay
+        started = loop.time()
+        host.request_shutdown()  # skips the rest of the delay, the hook and the grace
+        await asyncio.wait_for(serving, 5)
+        assert loop.time() - started < 2.0
         with pytest.raises(grpc.aio.AioRpcError):
-            await call
+            await slow
 
 
 def test_hostport_parsing() -> None:
@@ -157,12 +188,30 @@ def test_serving_flags_build_options(tmp_path: Path) -> None:
         parser.parse_args(["--metrics-listen", "off", "--shutdown-grace", "3"])
     )
     assert off.metrics_listen is None and off.grace_s == 3.0
-    tls = serving_options_from_args(
-        parser.parse_args(["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem"])
+    assert defaults.drain_delay_s == DEFAULT_DRAIN_DELAY_S == 5.0
+    assert outgoing_tls_from_args(parser.parse_args([])) is None
+    # Server-only TLS that verifies its peers against a private CA: no client certificates.
+    server_only = parser.parse_args(
+        ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-ca", "ca.pem", "--drain-delay", "0"]
     )
-    assert tls.tls is not None and tls.tls.client_ca == Path("ca.pem")
+    tls = serving_options_from_args(server_only)
+    assert tls.tls is not None and tls.tls.client_ca is None and tls.drain_delay_s == 0.0
+    outgoing = outgoing_tls_from_args(server_only)
+    assert outgoing is not None and outgoing.ca == Path("ca.pem") and outgoing.cert == Path("c.pem")
+    # Mutual TLS on incoming calls.
+    mutual = serving_options_from_args(
+        parser.parse_args(
+            ["--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "clients.pem"]
+        )
+    )
+    assert mutual.tls is not None and mutual.tls.client_ca == Path("clients.pem")
+    # A plaintext server may still verify the TLS servers it calls.
+    calling = outgoing_tls_from_args(parser.parse_args(["--tls-ca", "ca.pem"]))
+    assert calling is not None and calling.cert is None and calling.ca == Path("ca.pem")
     with pytest.raises(SystemExit):
         serving_options_from_args(parser.parse_args(["--tls-cert", "c.pem"]))
+    with pytest.raises(SystemExit, match="--tls-client-ca"):
+        serving_options_from_args(parser.parse_args(["--tls-client-ca", "clients.pem"]))
 
 
 def test_host_must_be_built_inside_a_loop() -> None:

@@ -74,6 +74,8 @@ async def test_worker_process_serves_and_drains_on_sigterm(tmp_path: Path) -> No
         "400",
         "--shutdown-grace",
         "10",
+        "--drain-delay",
+        "0",
         env=env,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,

@@ -13,7 +13,7 @@ import grpc.aio
 import pytest
 from google.protobuf import duration_pb2
 
-from common.auth import AuthPolicy, Role
+from common.auth import AuthPolicy
 from common.backoff import Backoff
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions
@@ -95,7 +95,7 @@ async def controller() -> AsyncIterator[tuple[FakeController, ServiceHost]]:
     host = ServiceHost(
         "fake-controller",
         ServingOptions(metrics_listen=None),
-        AuthPolicy(fleet_token=FLEET, operator_token="op", rules={f"/{CONTROL}/": Role.FLEET}),
+        AuthPolicy(fleet_token=FLEET, operator_token="op"),
     )
     host.add_service(control_pb2_grpc.add_ControlServiceServicer_to_server, fake, CONTROL)
     await host.start()
