@@ -116,6 +116,8 @@ def start(tmp_path: Path) -> Iterator[Start]:
         argv = [command, *args]
         if command == "worker":
             argv += [*INSTANT, "--slots", "64"]
+        if command == "gateway":
+            argv += ["--dev-mode"]  # the demo tenants
         server = Server(tmp_path, f"{command}-{len(servers)}", argv, list(pre))
         servers.append(server)
         return server

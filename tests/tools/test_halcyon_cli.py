@@ -195,8 +195,9 @@ def test_objective_has_one_vocabulary_with_the_old_spelling_accepted() -> None:
 def test_a_server_with_a_missing_config_file_says_which_flag(tmp_path: Path) -> None:
     missing = tmp_path / "tenants.yaml"
     proc = _halcyon(
-        "gateway", "--tenants", str(missing), "--listen", "127.0.0.1:0", "--metrics-listen", "off"
-    )
+        "gateway", "--tenants", str(missing), "--listen", "127.0.0.1:0", "--metrics-listen", "off",
+        "--dev-mode",
+    )  # fmt: skip
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if '"ERROR"' in line]
     assert len(errors) == 1 and "Traceback" not in proc.stderr
