@@ -2,14 +2,20 @@
 
 What it decides, for every batch the gateway sends:
 
-* **The attempt timeout** — the ``ExecuteBatch`` call's own deadline — from the cost model's
-  conservative prediction for *this* batch on *this* replica, never from the requests'
-  deadlines alone: ``max(min_timeout_s, timeout_multiplier x predicted)``, and never past the
-  moment the last request in the batch must be answered. A replica that freezes (SIGSTOP, a
-  wedged driver, a network partition that keeps the TCP connection up) then costs a request
-  one attempt timeout, after which it is retried elsewhere while its deadline still allows;
-  before, a batch waited on the frozen replica until its latest deadline, and every request in
-  it ended in the client's own DEADLINE_EXCEEDED with no reason and no second chance.
+* **The attempt timeout** — the ``ExecuteBatch`` call's own deadline — from the conservative
+  prediction for *this* batch on *this* replica, never from the requests' deadlines alone:
+  ``max(min_timeout_s, timeout_multiplier x predicted)``, and never past the moment the last
+  request in the batch must be answered. The caller predicts with the larger of the replica's
+  cost model and its peak-EWMA latency, which a timeout raises at once: a replica slower than
+  its model thought gets a longer timeout on the next attempt instead of timing out forever.
+  A replica whose cost model has not learned anything yet gets ``cold_timeout_s``: a prior is
+  a guess, and a slow device must not be timed out before it has answered once.
+
+  A replica that freezes (SIGSTOP, a wedged driver, a partition that keeps the TCP connection
+  up) then costs a request one attempt timeout, after which it is retried elsewhere while its
+  deadline still allows. Before, a batch waited on the frozen replica until its latest
+  deadline, and every request in it ended in the client's own DEADLINE_EXCEEDED with no
+  reason and no second chance.
 * **The answer-by time** of each request: ``answer_reserve_s`` before its deadline (at most
   ``max_reserve_share`` of its whole timeout). A request still waiting on a replica then gets
   a typed ``DEADLINE_EXCEEDED / DEADLINE_MISSED`` from the gateway, which reaches the client
@@ -42,6 +48,8 @@ class AttemptConfig:
     min_timeout_s: float = 0.25
     """...but never less than this (a prediction of ~0 for a near-free device must not turn a
     scheduling hiccup of a few milliseconds into a timeout, a retry and a breaker failure)."""
+    cold_timeout_s: float = 1.0
+    """The attempt timeout on a replica that has not completed a batch yet (no prediction)."""
     answer_reserve_s: float = 0.01
     """Answer a request still waiting on a replica this long before its deadline..."""
     max_reserve_share: float = 0.1
@@ -52,6 +60,8 @@ class AttemptConfig:
             raise ValueError("timeout_multiplier must be at least 1")
         if not (math.isfinite(self.min_timeout_s) and self.min_timeout_s > 0.0):
             raise ValueError("min_timeout_s must be positive")
+        if not (math.isfinite(self.cold_timeout_s) and self.cold_timeout_s > 0.0):
+            raise ValueError("cold_timeout_s must be positive")
         if not (math.isfinite(self.answer_reserve_s) and self.answer_reserve_s >= 0.0):
             raise ValueError("answer_reserve_s must be non-negative")
         if not 0.0 <= self.max_reserve_share < 1.0:
@@ -68,13 +78,16 @@ class AttemptPolicy:
     def config(self) -> AttemptConfig:
         return self._config
 
-    def attempt_timeout(self, predicted_s: float) -> float:
-        """How long one attempt may run, given the batch's conservative predicted duration.
+    def attempt_timeout(self, predicted_s: float | None) -> float:
+        """How long one attempt may run, given the batch's conservative predicted duration
+        (None: the replica has no prediction yet).
 
         A prediction that is not a non-negative number (a cost model gone wrong) gets the
         floor: the timeout is always finite and positive.
         """
         cfg = self._config
+        if predicted_s is None:
+            return max(cfg.min_timeout_s, cfg.cold_timeout_s)
         if not (predicted_s >= 0.0 and math.isfinite(predicted_s)):
             return cfg.min_timeout_s
         return max(cfg.min_timeout_s, cfg.timeout_multiplier * predicted_s)
@@ -85,20 +98,21 @@ class AttemptPolicy:
         reserve = min(cfg.answer_reserve_s, cfg.max_reserve_share * (deadline - received_at))
         return deadline - max(0.0, reserve)
 
-    def call_timeout(self, now: float, predicted_s: float, last_answer_by: float) -> float:
+    def call_timeout(self, now: float, predicted_s: float | None, last_answer_by: float) -> float:
         """The ``ExecuteBatch`` deadline (seconds from ``now``): the attempt timeout, cut at
         the moment the batch's last request must be answered anyway."""
         timeout = min(self.attempt_timeout(predicted_s), last_answer_by - now)
         return timeout if timeout > _MIN_CALL_S else _MIN_CALL_S
 
-    @staticmethod
-    def judge_expiry(elapsed_s: float, predicted_s: float) -> Outcome:
+    def judge_expiry(self, elapsed_s: float, predicted_s: float | None) -> Outcome:
         """What a call that ran out of time says about its replica.
 
-        TIMEOUT when the replica was overdue by its own conservative prediction; CANCELLED
-        (no verdict) when the call ended first because the requests' deadlines came — the
-        replica was not late yet, the batch was merely tight.
+        TIMEOUT when the replica was overdue by its own conservative prediction (with none
+        yet: by the floor); CANCELLED (no verdict) when the call ended first because the
+        requests' deadlines came — the replica was not late yet, the batch was merely tight.
         """
+        if predicted_s is None:
+            predicted_s = self._config.min_timeout_s
         if not (predicted_s >= 0.0 and math.isfinite(predicted_s)) or elapsed_s >= predicted_s:
             return Outcome.TIMEOUT
         return Outcome.CANCELLED

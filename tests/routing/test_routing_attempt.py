@@ -63,6 +63,7 @@ def test_call_timeouts_are_always_finite_positive_and_bounded(
     [
         {"timeout_multiplier": 0.5},
         {"min_timeout_s": 0.0},
+        {"cold_timeout_s": math.nan},
         {"answer_reserve_s": -1.0},
         {"max_reserve_share": 1.0},
     ],
@@ -70,3 +71,11 @@ def test_call_timeouts_are_always_finite_positive_and_bounded(
 def test_config_is_checked(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         AttemptConfig(**kwargs)
+
+
+def test_a_replica_with_no_prediction_yet_gets_the_cold_timeout() -> None:
+    policy = AttemptPolicy(AttemptConfig(min_timeout_s=0.25, cold_timeout_s=1.0))
+    assert policy.attempt_timeout(None) == pytest.approx(1.0)
+    assert policy.call_timeout(0.0, None, 0.4) == pytest.approx(0.4)
+    assert policy.judge_expiry(0.3, None) is Outcome.TIMEOUT  # past the floor: judged
+    assert policy.judge_expiry(0.1, None) is Outcome.CANCELLED
