@@ -65,7 +65,7 @@ class ScriptedPool:
         pool = self
 
         class Stub:
-            def ExecuteBatch(  # noqa: N802 - the gRPC method name
+            def ExecuteBatch(
                 self, request: worker_pb2.ExecuteBatchRequest, *, timeout: float, metadata: Any
             ) -> asyncio.Future[worker_pb2.ExecuteBatchResponse]:
                 future = asyncio.get_running_loop().create_future()
