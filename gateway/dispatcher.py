@@ -324,15 +324,13 @@ class VersionDispatcher:
         None for a replica that is not a member."""
         return self._models.get(replica_id)
 
-    def _predicted(self, replica_id: str, tokens: int, now: float) -> float | None:
-        """A conservative prediction of a batch's duration on a replica: the larger of its
-        cost model's and its latency estimate (which a timeout raises at once); None while
-        the replica has not completed a batch (a prior is not a prediction)."""
+    def _predicted(self, replica_id: str, tokens: int) -> float | None:
+        """A conservative prediction of a batch's duration on a replica, from its cost model;
+        None while the replica has not completed a batch (a prior is not a prediction)."""
         model = self._models.get(replica_id)
         if model is None or model.observations == 0:
             return None
-        estimate = self.router.latency_estimate(replica_id, now) or 0.0
-        return max(model.upper(tokens), estimate)
+        return model.upper(tokens)
 
     @property
     def has_replicas(self) -> bool:
@@ -519,7 +517,9 @@ class VersionDispatcher:
             self._settle(flight, lease, None, RichError(grpc.StatusCode.UNAVAILABLE, "gone"))
             return
         now = self._clock.now()
-        predicted = self._predicted(lease.replica_id, batch.tokens, now)
+        # A half-open probe gets the cold timeout: a replica that became slower than its
+        # model must be able to answer once (and teach the model) to come back at all.
+        predicted = None if lease.probe else self._predicted(lease.replica_id, batch.tokens)
         flight.predicted[lease.lease_id] = predicted
         last_answer_by = max(p.answer_by for p in batch.payloads)
         timeout = self._attempts.call_timeout(now, predicted, last_answer_by)
@@ -753,11 +753,10 @@ class VersionDispatcher:
         earliest = min(p.deadline for p in batch.payloads)
 
         def predicted(replica_id: str) -> float:
-            known = self._predicted(replica_id, batch.tokens, now)
-            if known is not None:
-                return known
-            model = self._models.get(replica_id)  # the prior, for want of anything better
-            return model.upper(batch.tokens) if model is not None else NOMINAL_BATCH_S
+            model = self._models.get(replica_id)  # learned, or the prior for want of better
+            if model is not None:
+                return model.upper(batch.tokens)
+            return self.router.latency_estimate(replica_id, now) or NOMINAL_BATCH_S
 
         hedge = self._hedging.may_hedge(
             now,

@@ -5,11 +5,12 @@ What it decides, for every batch the gateway sends:
 * **The attempt timeout** — the ``ExecuteBatch`` call's own deadline — from the conservative
   prediction for *this* batch on *this* replica, never from the requests' deadlines alone:
   ``max(min_timeout_s, timeout_multiplier x predicted)``, and never past the moment the last
-  request in the batch must be answered. The caller predicts with the larger of the replica's
-  cost model and its peak-EWMA latency, which a timeout raises at once: a replica slower than
-  its model thought gets a longer timeout on the next attempt instead of timing out forever.
-  A replica whose cost model has not learned anything yet gets ``cold_timeout_s``: a prior is
-  a guess, and a slow device must not be timed out before it has answered once.
+  request in the batch must be answered. A replica whose cost model has not learned anything
+  yet gets ``cold_timeout_s`` (a prior is a guess, and a slow device must not be timed out
+  before it has answered once), and so does a half-open probe (a replica that became slower
+  than its model must be able to answer once, and re-teach the model, to come back at all).
+  The timeout is deliberately *not* raised by the timeouts a replica already had: a frozen
+  replica must cost every batch sent to it the same short wait, not a longer one each time.
 
   A replica that freezes (SIGSTOP, a wedged driver, a partition that keeps the TCP connection
   up) then costs a request one attempt timeout, after which it is retried elsewhere while its
