@@ -549,6 +549,10 @@ class DeadlineBatcher(Generic[P]):
         return held
 
     def _is_queued(self, item: BatchItem[P]) -> bool:
+        return self._find(item) is not None
+
+    def _find(self, item: BatchItem[P]) -> tuple[list[float], list[BatchItem[P]], int] | None:
+        """The lane holding ``item`` (deadlines, items) and its index there, if queued."""
         if item.lane is _INTERACTIVE or item.promoted:
             deadlines, items = self._int_d, self._int
         else:
@@ -556,9 +560,9 @@ class DeadlineBatcher(Generic[P]):
         pos = bisect.bisect_left(deadlines, item.deadline)
         while pos < len(items) and deadlines[pos] == item.deadline:
             if items[pos] is item:
-                return True
+                return deadlines, items, pos
             pos += 1
-        return False
+        return None
 
     def _take(self, replica: _Replica[P]) -> Batch[P] | None:
         now = self._clock.now()
@@ -853,13 +857,10 @@ class DeadlineBatcher(Generic[P]):
         self._queued_tokens += item.tokens
 
     def _remove(self, item: BatchItem[P]) -> None:
-        if item.lane is _INTERACTIVE or item.promoted:
-            deadlines, items = self._int_d, self._int
-        else:
-            deadlines, items = self._bulk_d, self._bulk
-        pos = bisect.bisect_left(deadlines, item.deadline)
-        while items[pos] is not item:
-            pos += 1
+        found = self._find(item)
+        if found is None:  # pragma: no cover - callers remove only what is queued
+            raise KeyError("item is not queued")
+        deadlines, items, pos = found
         del deadlines[pos]
         del items[pos]
         self._queued_tokens -= item.tokens
