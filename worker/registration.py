@@ -174,6 +174,14 @@ class ControllerSession:
             except _ProtocolError as err:
                 self.last_error = str(err)
                 _log.error("controller protocol error", extra={"error": str(err)})
+            except asyncio.CancelledError:
+                task = asyncio.current_task()
+                if self._closing or task is None or task.cancelling():
+                    raise  # close(): this loop itself is being stopped
+                # The heartbeat task cancelled the call after a failed write, and gRPC reports
+                # a locally cancelled call to its reader as CancelledError: the stream broke.
+                self.last_error = "the session stream broke (a heartbeat could not be sent)"
+                _log.warning("controller session broke", extra={"target": self.target})
             except Exception as err:
                 self.last_error = repr(err)
                 _log.exception("controller session error", extra={"target": self.target})

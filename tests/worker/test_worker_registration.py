@@ -342,3 +342,30 @@ async def _fake_controller(port: int) -> tuple[FakeController, ServiceHost]:
     host.add_service(control_pb2_grpc.add_ControlServiceServicer_to_server, fake, CONTROL)
     await host.start()
     return fake, host
+
+
+async def test_a_stream_cancelled_under_the_reader_is_a_broken_session_not_the_end(
+    controller: Any, wait_until: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failed heartbeat write cancels the call, and gRPC then raises CancelledError in the
+    reader: that must reconnect like any broken stream, not end the keep-registered loop."""
+    _, host = controller
+    session = make_session(host)
+    real = session._session_once
+    calls = 0
+
+    async def broken_once() -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise asyncio.CancelledError  # what call.read() raises after call.cancel()
+        return await real()
+
+    monkeypatch.setattr(session, "_session_once", broken_once)
+    session.start()
+    try:
+        await session.wait_registered(5)
+        assert session.last_error is not None and "broke" in session.last_error
+        assert len(session.reconnect_delays) == 1
+    finally:
+        await session.close()
