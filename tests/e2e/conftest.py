@@ -71,6 +71,7 @@ class Proc:
     workdir: Path
     popen: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    listen: str = "127.0.0.1:0"  # a fixed address to restart a process where it was
 
     @property
     def ready_file(self) -> Path:
@@ -92,7 +93,7 @@ class Proc:
             "0",
             *self.args[1:],
             "--listen",
-            "127.0.0.1:0",
+            self.listen,
             "--metrics-listen",
             "127.0.0.1:0",
             "--ready-file",
@@ -426,6 +427,25 @@ class Launcher:
         proc = Proc(name, list(args), self.workdir)
         self.procs.append(proc)
         return proc.start()
+
+    def restart(self, proc: Proc) -> Proc:
+        """Start ``proc`` again, same arguments, on the same gRPC address (it must have
+        exited); the new process replaces it in every fleet. Its log is appended to."""
+        assert not proc.alive, f"{proc.name} is still running"
+        again = Proc(proc.name, list(proc.args), self.workdir, listen=proc.grpc)
+        again.log_file.rename(self.workdir / f"{proc.name}.{proc.pid}.log")
+        self.procs.append(again)
+        for fleet in self.fleets:
+            if fleet.controller is proc:
+                fleet.controller = again
+            for rid, worker in fleet.workers.items():
+                if worker is proc:
+                    fleet.workers[rid] = again
+            if fleet.gateway is proc:
+                fleet.gateway = again
+        again.start()
+        again.wait_ready()
+        return again
 
     def controller(self, *extra: str, name: str = "controller") -> Proc:
         proc = self.spawn(
