@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "stack": ("halcyon.stack", "run controller, gateway and a heterogeneous fleet on loopback"),
     "bench": ("bench.cli", "seeded discrete-event benchmarks (batching, fleet, herd)"),
     "loadtest": ("halcyon.loadtest", "drive real load at a running gateway and report"),
+    "rollout": ("halcyon.rollout", "ship a new model version: start, status, watch, verify, …"),
 }
 
 

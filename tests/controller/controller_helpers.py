@@ -46,13 +46,13 @@ class Stack:
 StackFactory = Callable[..., Awaitable[Stack]]
 
 
-async def open_stack(db_path: Path, **config: Any) -> Stack:
-    """A controller serving on 127.0.0.1:0 with its store at ``db_path`` (``config`` overrides
+async def open_stack(db_path: Path, listen: str = "127.0.0.1:0", **config: Any) -> Stack:
+    """A controller serving on ``listen`` with its store at ``db_path`` (``config`` overrides
     ControllerConfig fields)."""
     auth = AuthPolicy(fleet_token=FLEET_TOKEN, operator_token=OPERATOR_TOKEN, rules=AUTH_RULES)
     host = ServiceHost(
         "controller",
-        ServingOptions(listen="127.0.0.1:0", metrics_listen=None, grace_s=1.0),
+        ServingOptions(listen=listen, metrics_listen=None, grace_s=1.0),
         auth,
     )
     fields: dict[str, Any] = {
