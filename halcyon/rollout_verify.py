@@ -379,10 +379,17 @@ class Experiment:
             return str(self.args.faster_version)
         faster = sorted((fmean(s), v) for v, s in speeds.items() if v != stable and fmean(s) > base)
         if not faster:
+            slower = sorted(v for v in speeds if v != stable)
+            back = (
+                f"; if {slower[0]} was stable before, put it back with `halcyon rollout start "
+                f"{self.model} {slower[0]}` then `halcyon rollout promote {self.model}`"
+                if slower
+                else ""
+            )
             raise CliError(
                 f"no registered version of {self.model} is faster than the stable {stable} "
                 f"(mean speed {base:g}); start the stack with --canary (a 1.6x v2) or a "
-                "faster worker, or name one with --faster-version"
+                f"faster worker, or name one with --faster-version{back}"
             )
         return faster[-1][1]
 
