@@ -364,14 +364,15 @@ class RolloutManager:
             state=state,
             updated_at=self._wall.now(),
         )
-        row = DecisionRecord(
-            rollout_id=record.id,
-            model=record.model,
-            action=action,
-            reason=decision.reason,
-            detail=decision.detail,
-            from_percent=decision.from_percent,
-            to_percent=decision.to_percent,
+        row = replace(
+            self._decision(
+                record,
+                action,
+                decision.reason,
+                decision.detail,
+                decision.from_percent,
+                decision.to_percent,
+            ),
             decided_at=updated.updated_at,
             baseline=_snapshot(record.baseline_version, decision.baseline),
             canary=_snapshot(record.canary_version, decision.canary),
@@ -571,7 +572,7 @@ class RolloutManager:
         from_percent: float,
         to_percent: float,
     ) -> DecisionRecord:
-        """A decision taken without judged evidence (start, resume, operator actions)."""
+        """A decision, stamped now, without evidence (start, resume, operator actions)."""
         return DecisionRecord(
             rollout_id=record.id,
             model=record.model,

@@ -31,6 +31,7 @@ from common.argtypes import hostport, positive, probability
 from common.auth import DEV_OPERATOR_TOKEN, OPERATOR_TOKEN_ENV, bearer_metadata
 from common.durations import to_duration, to_seconds
 from common.errors import RichError, parse_rpc_error
+from controller.canary import JudgePolicy
 from halcyon.v1 import control_pb2, control_pb2_grpc
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "CliError",
     "Console",
     "configure",
+    "count_at_least",
     "decision_row",
     "read_secret",
     "run",
@@ -422,34 +424,72 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
 
 
+def count_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be at least {minimum}")
+        return value
+
+    return parse
+
+
 def _policy_flags(parser: argparse.ArgumentParser) -> None:
-    g = parser.add_argument_group("guards (unset: the controller's defaults)")
-    g.add_argument("--window", type=positive, metavar="SECONDS", help="analysis window (10)")
-    g.add_argument("--min-requests", type=int, metavar="N", help="per arm per window (50)")
+    d = JudgePolicy()  # the controller's defaults, shown in --help
+    g = parser.add_argument_group("guards (default: the controller's, shown in brackets)")
+    g.add_argument(
+        "--window", type=positive, metavar="SECONDS", help=f"analysis window [{d.window_s:g}]"
+    )
+    g.add_argument(
+        "--min-requests",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"requests per arm per window [{d.min_requests}]",
+    )
     g.add_argument(
         "--max-error-rate-increase",
         type=probability,
         metavar="X",
-        help="absolute error-rate increase tolerated, 0.01 = 1 point (0.01)",
+        help=f"absolute error-rate increase tolerated, 0.01 = 1 point "
+        f"[{d.max_error_rate_increase:g}]",
     )
     g.add_argument(
-        "--max-error-rate-ratio", type=positive, metavar="X", help="error-rate factor (1.5)"
-    )
-    g.add_argument("--max-p95-ratio", type=positive, metavar="X", help="p95 factor (1.2)")
-    g.add_argument(
-        "--healthy-windows", type=int, metavar="N", help="healthy windows to advance (2)"
-    )
-    g.add_argument(
-        "--unhealthy-windows", type=int, metavar="N", help="unhealthy windows to roll back (2)"
+        "--max-error-rate-ratio",
+        type=positive,
+        metavar="X",
+        help=f"error-rate factor tolerated [{d.max_error_rate_ratio:g}]",
     )
     g.add_argument(
-        "--max-duration", type=positive, metavar="SECONDS", help="roll back after this (3600)"
+        "--max-p95-ratio", type=positive, metavar="X", help=f"p95 factor [{d.max_p95_ratio:g}]"
+    )
+    g.add_argument(
+        "--healthy-windows",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"healthy windows in a row to advance [{d.healthy_windows_to_advance}]",
+    )
+    g.add_argument(
+        "--unhealthy-windows",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"unhealthy windows in a row to roll back [{d.unhealthy_windows_to_rollback}]",
+    )
+    g.add_argument(
+        "--max-duration",
+        type=positive,
+        metavar="SECONDS",
+        help=f"roll back a rollout still undecided after this [{d.max_duration_s:g}]",
     )
     g.add_argument(
         "--false-alarm-rate",
         type=probability,
         metavar="P",
-        help="chance the sequential tests roll back a healthy canary (0.01)",
+        help=f"chance the sequential tests roll back a healthy canary [{d.false_alarm_rate:g}]",
     )
 
 
@@ -494,13 +534,21 @@ def configure(parser: argparse.ArgumentParser) -> None:
     history = sub.add_parser("history", help="stored decisions with their evidence")
     history.add_argument("model", nargs="?", help="only this model")
     history.add_argument(
-        "--limit", type=int, default=50, metavar="N", help="newest N decisions (default 50)"
+        "--limit",
+        type=count_at_least(1),
+        default=50,
+        metavar="N",
+        help="newest N decisions (default 50)",
     )
 
     watch = sub.add_parser("watch", help="stream decisions as they are taken")
     watch.add_argument("model", nargs="?", help="only this model")
     watch.add_argument(
-        "--replay", type=int, default=0, metavar="N", help="first show the N newest (default 0)"
+        "--replay",
+        type=count_at_least(0),
+        default=0,
+        metavar="N",
+        help="first show the N newest (default 0)",
     )
     watch.add_argument(
         "--until-done",

@@ -62,6 +62,7 @@ from halcyon.rollout import (
     CliError,
     Console,
     as_dict,
+    count_at_least,
     read_secret,
     stream_header,
     stream_row,
@@ -113,7 +114,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--window", type=positive, default=2.0, metavar="SECONDS", help="window (default 2)"
     )
     parser.add_argument(
-        "--min-requests", type=int, default=30, metavar="N", help="per arm per window (default 30)"
+        "--min-requests",
+        type=count_at_least(1),
+        default=30,
+        metavar="N",
+        help="per arm per window (default 30)",
     )
     parser.add_argument(
         "--fail-rate",
@@ -528,8 +533,6 @@ def summary(outcomes: list[Outcome]) -> str:
 
 
 def verify(console: Console, args: argparse.Namespace) -> int:
-    if args.min_requests < 1:
-        raise CliError("--min-requests must be at least 1")
     fleet_token = read_secret(args.fleet_token_file, FLEET_TOKEN_ENV, "fleet token")
     if fleet_token is None:
         print(
