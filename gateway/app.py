@@ -495,7 +495,9 @@ class GatewayApp:
                 f"traffic ({ticket.allowed} of {ticket.limit})",
                 ticket.retry_after_s,
             )
-            self._finish_unadmitted(valid.model, version, overloaded)
+            # The gateway's own limit, shared by every version: evidence about the gateway, not
+            # about this request's version, so it is not reported as one (as with quota).
+            self._finish_unadmitted(valid.model, "", overloaded)
             raise overloaded
 
         if spans_recorded():

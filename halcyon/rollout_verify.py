@@ -111,14 +111,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--steps", default="20,50", metavar="P,P", help="canary steps (default 20,50)"
     )
     parser.add_argument(
-        "--window", type=positive, default=2.0, metavar="SECONDS", help="window (default 2)"
+        "--window", type=positive, default=3.0, metavar="SECONDS", help="window (default 3)"
     )
     parser.add_argument(
         "--min-requests",
         type=count_at_least(1),
-        default=30,
+        default=40,
         metavar="N",
-        help="per arm per window (default 30)",
+        help="per arm per window (default 40)",
     )
     parser.add_argument(
         "--fail-rate",
