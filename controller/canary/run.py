@@ -47,7 +47,7 @@ from controller.canary.model import (
 )
 from controller.canary.sequential import SequentialTests, step_alpha
 from controller.canary.steps import normalize_steps
-from controller.canary.window import HEALTHY, INSUFFICIENT, judge_window
+from controller.canary.window import HEALTHY, INSUFFICIENT, Verdict, judge_window
 
 __all__ = ["RolloutRun"]
 
@@ -175,7 +175,7 @@ class RolloutRun:
         baseline = self._window_baseline.summary()
         canary = self._window_canary.summary()
         stats = dict(verdict.statistics)
-        if verdict.healthy is None:
+        if verdict.verdict is Verdict.SPARSE:
             # Data-sparse: no streak moves and the window keeps its evidence.
             self._next_judgement = now + self.policy.window_s
             return self._decision(
@@ -187,11 +187,13 @@ class RolloutRun:
                 stats,
                 needed=verdict.needed_requests,
             )
-        if verdict.healthy:
+        if verdict.verdict is Verdict.HEALTHY:
             self.healthy_streak += 1
             self.unhealthy_streak = 0
-        else:
+        elif verdict.verdict is Verdict.UNHEALTHY:
             self.unhealthy_streak += 1
+            self.healthy_streak = 0
+        else:  # inconclusive: not healthy, not (yet) unhealthy
             self.healthy_streak = 0
         stats["healthy_streak"] = float(self.healthy_streak)
         stats["unhealthy_streak"] = float(self.unhealthy_streak)
@@ -231,7 +233,9 @@ class RolloutRun:
                 statistics=stats,
             )
         self._begin_window(now)
-        if verdict.healthy:
+        if verdict.verdict is Verdict.INCONCLUSIVE:
+            reason, detail = verdict.reason, verdict.detail
+        elif verdict.verdict is Verdict.HEALTHY:
             reason = AWAITING_CONFIRMATION
             detail = (
                 f"{verdict.detail} (healthy window {self.healthy_streak} of "

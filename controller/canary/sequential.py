@@ -39,6 +39,7 @@ from controller.canary.stats import (
     BettingEProcess,
     bernoulli_log_evidence,
     bernoulli_upper_bound,
+    sorted_quantile,
 )
 
 __all__ = ["SequentialBreach", "SequentialTests", "step_alpha"]
@@ -105,8 +106,8 @@ class SequentialTests:
         reference = self.baseline.sample.values()
         if reference.size < self.policy.min_requests:
             return
-        ordered = np.sort(reference)
-        p95 = float(np.quantile(ordered, 1.0 - _EXCEEDANCE_RATE))
+        ordered = reference  # kept sorted
+        p95 = sorted_quantile(ordered, 1.0 - _EXCEEDANCE_RATE)
         self._exceed += int(np.count_nonzero(canary_latencies > self.policy.max_p95_ratio * p95))
         self._exceed_trials += int(canary_latencies.size)
         left = np.searchsorted(ordered, canary_latencies, side="left")
