@@ -37,8 +37,8 @@ from controller.canary.evidence import ArmAccumulator
 from controller.canary.model import ArmEvidence, JudgePolicy, error_limit
 from controller.canary.stats import (
     BettingEProcess,
-    bernoulli_log_evidence,
     bernoulli_upper_bound,
+    odds_log_evidence,
     sorted_quantile,
 )
 
@@ -125,21 +125,24 @@ class SequentialTests:
         b, c = self.baseline, self.canary
         if c.requests == 0 or b.requests == 0:
             return None
-        canary_rate = c.error_rate
-        if canary_rate <= error_limit(b.error_rate, self.policy):
-            return None  # cannot be proven above the limit: the limit's bound is higher still
+        # The evidence falls as the limit rises and the limit rises with the baseline's
+        # bound, which is at least its observed rate: if the observed rate's limit is not
+        # enough, the bound's is not either (and costs a bisection to find).
+        if (
+            odds_log_evidence(c.failures, c.requests, error_limit(b.error_rate, self.policy))
+            < self._log_canary_bound
+        ):
+            return None
         upper = bernoulli_upper_bound(b.failures, b.requests, self._log_base_bound)
         limit = error_limit(upper, self.policy)
-        if canary_rate <= limit:
-            return None
-        log_e = bernoulli_log_evidence(c.failures, c.requests, limit)
+        log_e = odds_log_evidence(c.failures, c.requests, limit)
         if log_e < self._log_canary_bound:
             return None
         return SequentialBreach(
             reason="error_rate",
             detail=(
                 f"canary failed {c.failures} of {c.requests} requests "
-                f"({100 * canary_rate:.2f}%): proven above the {100 * limit:.2f}% limit "
+                f"({100 * c.error_rate:.2f}%): proven above the {100 * limit:.2f}% limit "
                 f"(baseline at most {100 * upper:.2f}%) with evidence "
                 f"{math.exp(min(log_e, 700.0)):.3g} against a bound of "
                 f"{math.exp(self._log_canary_bound):.3g}"
@@ -155,9 +158,9 @@ class SequentialTests:
 
     def _check_p95(self) -> SequentialBreach | None:
         k, n = self._exceed, self._exceed_trials
-        if n == 0 or k / n <= _EXCEEDANCE_RATE:
+        if n == 0:
             return None
-        log_e = bernoulli_log_evidence(k, n, _EXCEEDANCE_RATE)
+        log_e = odds_log_evidence(k, n, _EXCEEDANCE_RATE)
         if log_e < self._log_p95_bound:
             return None
         return SequentialBreach(
