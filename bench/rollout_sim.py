@@ -232,7 +232,7 @@ def describe(config: SimConfig) -> str:
     t, p = config.traffic, config.policy
     steps = ", ".join(f"{s:g}" for s in config.steps)
     return (
-        f"Rollout simulation — {config.seeds} seeds from {config.first_seed}; {t.rate:g} req/s "
+        f"Rollout simulation — {config.seeds} seeds from {config.first_seed:#x}; {t.rate:g} req/s "
         f"Poisson, baseline errors {100 * t.baseline_error_rate:g}%, latency log-normal "
         f"service (median {1000 * t.service_median_s:g} ms) + M/M/1 wait at "
         f"{t.utilisation:.0%} utilisation; steps {steps} %, then promote; window "

@@ -69,7 +69,7 @@ class JudgePolicy:
 
     window_s: float = 10.0
     min_requests: int = 50
-    max_error_rate_increase: float = 0.01
+    max_error_rate_increase: float = 0.005
     max_error_rate_ratio: float = 1.5
     max_p95_ratio: float = 1.2
     healthy_windows_to_advance: int = 2
