@@ -95,6 +95,7 @@ class RolloutRecord:
     decision_s_p95: float
     blast_radius_p50: float
     blast_radius_p95: float
+    blast_radius_mean: float
     rollback_reasons: dict[str, float]
     rollback_percent: dict[str, float]
 
@@ -109,6 +110,7 @@ class RolloutRecord:
             "decision_s_p95": self.decision_s_p95,
             "blast_radius_p50": self.blast_radius_p50,
             "blast_radius_p95": self.blast_radius_p95,
+            "blast_radius_mean": self.blast_radius_mean,
             "rollback_reasons": self.rollback_reasons,
             "rollback_percent": self.rollback_percent,
         }
@@ -131,6 +133,7 @@ def _record(judge: str, case: str, results: Sequence[RunResult]) -> RolloutRecor
         decision_s_p95=float(np.quantile(times, 0.95)),
         blast_radius_p50=float(np.quantile(served, 0.5)),
         blast_radius_p95=float(np.quantile(served, 0.95)),
+        blast_radius_mean=float(served.mean()),
         rollback_reasons={k: v / n for k, v in sorted(reasons.items())},
         rollback_percent={
             k: v / n for k, v in sorted(at_percent.items(), key=lambda kv: float(kv[0]))
