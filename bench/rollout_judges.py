@@ -40,8 +40,8 @@ from controller.canary import (
     RolloutPhase,
     RolloutRun,
     error_limit,
-    normalize_steps,
 )
+from controller.canary.progress import StepProgress
 from controller.canary.stats import sorted_quantile
 
 __all__ = ["JUDGES", "FixedIntervalJudge", "Judge", "OriginalJudge", "make_judge"]
@@ -121,29 +121,15 @@ def _breach(baseline: _Span, canary: _Span, policy: JudgePolicy) -> str | None:
     return None
 
 
-class _StepRival:
-    """Shared bookkeeping of the rivals: steps, the span being collected, terminal states."""
+class _StepRival(StepProgress):
+    """Shared bookkeeping of the rivals: the span being collected, decisions, the timeout."""
 
     def __init__(self, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> None:
-        self.steps = normalize_steps(steps)
+        super().__init__(steps)
         self.policy = policy
         self.started_at = started_at
-        self.step_index = 0
-        self.phase = RolloutPhase.PROGRESSING
         self._baseline = _Span()
         self._canary = _Span()
-
-    @property
-    def done(self) -> bool:
-        return self.phase is not RolloutPhase.PROGRESSING
-
-    @property
-    def canary_percent(self) -> float:
-        if self.phase is RolloutPhase.PROMOTED:
-            return 100.0
-        if self.phase is RolloutPhase.ROLLED_BACK:
-            return 0.0
-        return self.steps[self.step_index]
 
     def observe(self, baseline: ArmEvidence, canary: ArmEvidence, now: float) -> None:
         if not self.done:
@@ -151,19 +137,13 @@ class _StepRival:
             self._canary.add(canary)
 
     def _decide(self, action: RolloutAction, reason: str) -> Decision:
-        from_percent = self.canary_percent
-        if action is RolloutAction.ADVANCE:
-            self.step_index += 1
-        elif action is RolloutAction.PROMOTE:
-            self.phase = RolloutPhase.PROMOTED
-        elif action is RolloutAction.ROLLBACK:
-            self.phase = RolloutPhase.ROLLED_BACK
+        from_percent, to_percent = self._move(action)
         decision = Decision(
             action=action,
             reason=reason,
             detail=reason,
             from_percent=from_percent,
-            to_percent=self.canary_percent,
+            to_percent=to_percent,
             baseline=self._baseline.summary(),
             canary=self._canary.summary(),
             statistics={},
@@ -177,8 +157,8 @@ class _StepRival:
         return None
 
     def _pass(self) -> Decision:
-        last = self.step_index == len(self.steps) - 1
-        return self._decide(RolloutAction.PROMOTE if last else RolloutAction.ADVANCE, "healthy")
+        action = RolloutAction.PROMOTE if self.last_step else RolloutAction.ADVANCE
+        return self._decide(action, "healthy")
 
 
 class OriginalJudge(_StepRival):
