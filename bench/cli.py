@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from bench.markdown import markdown_table
 from bench.runner import Cell, Workload, run_cells
 from bench.sim import DeviceModel, SimResult
 from bench.strategies import HALCYON_TOKENS, STRATEGIES, Strategy
@@ -282,47 +283,23 @@ _COLUMNS = (
 def format_table(results: Sequence[SimResult]) -> str:
     """A Markdown table: one row per (rate, strategy)."""
     rows = [
-        [
-            fmt.format(value)
-            for (_name, fmt), value in zip(
-                _COLUMNS,
-                (
-                    r.rate,
-                    r.strategy,
-                    r.goodput_per_s,
-                    r.p50_ms,
-                    r.p95_ms,
-                    r.p99_ms,
-                    r.urgent_slo,
-                    r.relaxed_slo,
-                    r.utilisation,
-                    r.mean_batch,
-                    r.shed,
-                    r.late,
-                ),
-                strict=True,
-            )
-        ]
+        (
+            r.rate,
+            r.strategy,
+            r.goodput_per_s,
+            r.p50_ms,
+            r.p95_ms,
+            r.p99_ms,
+            r.urgent_slo,
+            r.relaxed_slo,
+            r.utilisation,
+            r.mean_batch,
+            r.shed,
+            r.late,
+        )
         for r in results
     ]
-    header = [name for name, _fmt in _COLUMNS]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.ljust(width) if i == 1 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "| " + " | ".join(padded) + " |"
-
-    divider = (
-        "|"
-        + "|".join(
-            ":" + "-" * (w + 1) if i == 1 else "-" * (w + 1) + ":" for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    return "\n".join([line(header), divider, *(line(row) for row in rows)])
+    return markdown_table(_COLUMNS, rows, left={1})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from typing import Any, TextIO
 
 import numpy as np
 
+from bench.markdown import markdown_table
 from bench.rollout_judges import JUDGES, make_judge
 from bench.rollout_traffic import CASES, Case, Traffic, TrafficModel
 from controller.canary import DEFAULT_STEPS, JudgePolicy, RolloutPhase
@@ -172,62 +173,33 @@ _COLUMNS = (
     ("decision s p50", "{:.0f}"),
     ("p95", "{:.0f}"),
     ("blast radius p50", "{:.0f}"),
-    ("p95 ", "{:.0f}"),
+    ("p95", "{:.0f}"),
     ("rollback reasons", "{}"),
 )
 
 
 def _reasons(record: RolloutRecord) -> str:
-    if not record.rollback_reasons:
-        return "-"
-    parts = []
-    for reason, share in record.rollback_reasons.items():
-        parts.append(f"{reason} {share:.0%}")
-    return ", ".join(parts)
+    parts = [f"{reason} {share:.0%}" for reason, share in record.rollback_reasons.items()]
+    return ", ".join(parts) or "-"
 
 
 def format_table(records: Sequence[RolloutRecord]) -> str:
     """A Markdown table: one row per (judge, case)."""
     rows = [
-        [
-            fmt.format(value)
-            for (_name, fmt), value in zip(
-                _COLUMNS,
-                (
-                    r.judge,
-                    r.case,
-                    r.promoted,
-                    r.rolled_back,
-                    r.decision_s_p50,
-                    r.decision_s_p95,
-                    r.blast_radius_p50,
-                    r.blast_radius_p95,
-                    _reasons(r),
-                ),
-                strict=True,
-            )
-        ]
+        (
+            r.judge,
+            r.case,
+            r.promoted,
+            r.rolled_back,
+            r.decision_s_p50,
+            r.decision_s_p95,
+            r.blast_radius_p50,
+            r.blast_radius_p95,
+            _reasons(r),
+        )
         for r in records
     ]
-    header = [name.strip() for name, _fmt in _COLUMNS]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-    left = {0, 1, len(header) - 1}
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.ljust(w) if i in left else cell.rjust(w)
-            for i, (cell, w) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "| " + " | ".join(padded) + " |"
-
-    divider = (
-        "|"
-        + "|".join(
-            ":" + "-" * (w + 1) if i in left else "-" * (w + 1) + ":" for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    return "\n".join([line(header), divider, *(line(row) for row in rows)])
+    return markdown_table(_COLUMNS, rows, left={0, 1, len(_COLUMNS) - 1})
 
 
 def describe(config: SimConfig) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from canary_helpers import arm, drive
+from canary_helpers import arm, drive, until_decision
 
 from controller.canary import (
     ArmEvidence,
@@ -82,12 +82,7 @@ def test_a_slow_canary_is_rolled_back_on_latency() -> None:
 def test_a_clearly_broken_canary_is_rolled_back_before_its_window_ends() -> None:
     run = new_run()
     rng = np.random.default_rng(5)
-    decision = None
-    t = 0.0
-    while decision is None:
-        t += 1.0
-        run.observe(arm(rng, 198), arm(rng, 2, error_rate=0.9), t)
-        decision = run.tick(t)
+    t, decision = until_decision(run, rng, baseline=198, canary=2, canary_error_rate=0.9)
     assert decision.action is RolloutAction.ROLLBACK and decision.reason == "error_rate"
     assert t < POLICY.window_s
     assert decision.statistics["error_log_e"] >= decision.statistics["error_log_bound"]
@@ -175,12 +170,7 @@ def test_an_advance_starts_a_fresh_window_at_the_next_step() -> None:
 def test_a_sequential_rollback_reports_the_evidence_of_the_step() -> None:
     run = new_run()
     rng = np.random.default_rng(8)
-    decision = None
-    t = 0.0
-    while decision is None:
-        t += 1.0
-        run.observe(arm(rng, 198), arm(rng, 5, error_rate=0.6), t)
-        decision = run.tick(t)
+    t, decision = until_decision(run, rng, baseline=198, canary=5, canary_error_rate=0.6)
     assert decision.reason == "error_rate"
     assert decision.canary.requests == 5 * int(t)
     assert decision.canary.error_rate > 0.3
