@@ -1,20 +1,21 @@
 """Evidence accumulated for one arm: counts plus a bounded, deterministic latency sample.
 
-What it decides: how much of an arm's evidence is kept. Counts are exact. Latencies are kept in
-a buffer of at most ``capacity`` values that *decimates* when full: it drops every other value
-and from then on keeps one arriving value in two (then four, ...), so the sample stays an
-evenly spaced thinning of the whole stream — no randomness, no bias towards old or new values,
-and memory that never grows with traffic.
+What it decides: how much of an arm's evidence is kept. Counts are exact. Latencies are kept,
+sorted, in a buffer of at most ``capacity`` values that *decimates* when full: it keeps every
+other value in sorted order (which preserves the sample's quantiles to within one rank step)
+and from then on keeps one arriving value in two (then four, ...), so every kept value stands
+for the same number of requests — no randomness, no bias towards old or new values, and memory
+that never grows with traffic. Kept sorted, the sample answers quantiles and ranks by indexing
+and binary search, which the per-tick sequential tests need.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import numpy.typing as npt
 
 from controller.canary.model import ArmEvidence, ArmSummary
+from controller.canary.stats import sorted_quantile
 
 __all__ = ["ArmAccumulator", "DecimatingSample"]
 
@@ -22,43 +23,40 @@ FloatArray = npt.NDArray[np.float64]
 
 
 class DecimatingSample:
-    """At most ``capacity`` latencies: an evenly thinned sample of everything added."""
+    """At most ``capacity`` latencies, sorted: an even thinning of everything added."""
 
     def __init__(self, capacity: int) -> None:
-        if capacity < 2 or capacity % 2:
-            raise ValueError(f"capacity must be an even number >= 2, got {capacity}")
+        if capacity < 2:
+            raise ValueError(f"capacity must be at least 2, got {capacity}")
         self._capacity = capacity
-        self._buf = np.empty(capacity, dtype=np.float64)
-        self._size = 0
+        self._values: FloatArray = np.empty(0, dtype=np.float64)
         self._stride = 1
         self._offered = 0  # values offered so far; value i is kept iff i % stride == 0
+        self._decimations = 0
+        self.seen = 0  # every value ever offered
 
     def add(self, values: FloatArray) -> None:
-        start = 0
-        while start < values.size:
-            first = start + (-(self._offered + start)) % self._stride
-            kept = values[first :: self._stride][: self._capacity - self._size]
-            self._buf[self._size : self._size + kept.size] = kept
-            self._size += int(kept.size)
-            if self._size < self._capacity:
-                break
-            # Full: the last kept value sits at offered index (first + stride*(kept-1)).
-            start = first + self._stride * (int(kept.size) - 1) + 1
-            self._decimate()
+        if values.size == 0:
+            return
+        first = (-self._offered) % self._stride
+        kept = values[first :: self._stride] if self._stride > 1 else values
         self._offered += int(values.size)
-
-    def _decimate(self) -> None:
-        half = self._buf[: self._size : 2].copy()
-        self._size = int(half.size)
-        self._buf[: self._size] = half
-        self._stride *= 2
+        self.seen += int(values.size)
+        merged = np.concatenate((self._values, np.sort(kept)))
+        merged.sort(kind="stable")  # two sorted runs: a linear merge
+        while merged.size > self._capacity:
+            # Alternate which half is kept so repeated thinning does not drift low or high.
+            merged = merged[self._decimations % 2 :: 2]
+            self._decimations += 1
+            self._stride *= 2
+        self._values = merged
 
     def values(self) -> FloatArray:
-        """The kept values (a view: copy before keeping it across ``add`` calls)."""
-        return self._buf[: self._size]
+        """The kept values, sorted ascending (do not modify)."""
+        return self._values
 
     def __len__(self) -> int:
-        return self._size
+        return int(self._values.size)
 
 
 class ArmAccumulator:
@@ -87,10 +85,7 @@ class ArmAccumulator:
 
     def summary(self) -> ArmSummary:
         values = self.sample.values()
-        if values.size:
-            p50, p95 = (float(v) for v in np.quantile(values, (0.5, 0.95)))
-        else:
-            p50 = p95 = math.nan
+        p50, p95 = sorted_quantile(values, 0.5), sorted_quantile(values, 0.95)
         return ArmSummary(
             requests=self.requests,
             errors=self.errors,

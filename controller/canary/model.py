@@ -54,11 +54,13 @@ class RolloutPhase(StrEnum):
 class JudgePolicy:
     """Every guard the canary is judged by (the contract's ``RolloutPolicy``, with defaults).
 
-    Window guards (point estimates, judged once per window, feeding the streaks):
-    ``min_requests`` per arm per window, the error tolerance (``max_error_rate_increase`` and
-    ``max_error_rate_ratio``, see :func:`error_limit`), ``max_p95_ratio``, and the rank test
-    (significant at ``rank_alpha`` *and* a common-language effect — the chance that a canary
-    request is slower than a baseline one — above ``0.5 + rank_min_effect``).
+    Window guards (judged once per window, feeding the streaks): ``min_requests`` per arm per
+    window, the error tolerance (``max_error_rate_increase`` and ``max_error_rate_ratio``, see
+    :func:`error_limit`), ``max_p95_ratio``, and the rank test (a common-language effect — the
+    chance that a canary request is slower than a baseline one — above
+    ``0.5 + rank_min_effect``). A window breaches a guard when its point estimate is past the
+    limit *and* the breach is significant at ``window_alpha``; a breach that could be noise
+    makes the window inconclusive instead (ADR 0008).
 
     Sequential tests (evaluated on every tick over the evidence of the current step, ADR 0008)
     share ``false_alarm_rate``: the probability that a canary within every tolerance is ever
@@ -67,15 +69,15 @@ class JudgePolicy:
 
     window_s: float = 10.0
     min_requests: int = 50
-    max_error_rate_increase: float = 0.01
+    max_error_rate_increase: float = 0.005
     max_error_rate_ratio: float = 1.5
     max_p95_ratio: float = 1.2
     healthy_windows_to_advance: int = 2
     unhealthy_windows_to_rollback: int = 2
     max_duration_s: float = 3600.0
     false_alarm_rate: float = 0.01
-    rank_alpha: float = 0.01
-    rank_min_effect: float = 0.1
+    window_alpha: float = 0.01
+    rank_min_effect: float = 0.05
     max_samples_per_arm: int = 4096
 
     def __post_init__(self) -> None:
@@ -105,7 +107,7 @@ class JudgePolicy:
                 "a positive duration",
             ),
             ("false_alarm_rate", 0.0 < self.false_alarm_rate < 1.0, "a probability in (0, 1)"),
-            ("rank_alpha", 0.0 < self.rank_alpha < 1.0, "a probability in (0, 1)"),
+            ("window_alpha", 0.0 < self.window_alpha < 1.0, "a probability in (0, 1)"),
             ("rank_min_effect", 0.0 <= self.rank_min_effect < 0.5, "in [0, 0.5)"),
             ("max_samples_per_arm", self.max_samples_per_arm >= 16, "at least 16"),
         )

@@ -39,15 +39,13 @@ import numpy.typing as npt
 from controller.canary.evidence import ArmAccumulator
 from controller.canary.model import (
     ArmEvidence,
-    ArmSummary,
     Decision,
     JudgePolicy,
     RolloutAction,
-    RolloutPhase,
 )
+from controller.canary.progress import StepProgress
 from controller.canary.sequential import SequentialTests, step_alpha
-from controller.canary.steps import normalize_steps
-from controller.canary.window import HEALTHY, INSUFFICIENT, judge_window
+from controller.canary.window import HEALTHY, INSUFFICIENT, Verdict, judge_window
 
 __all__ = ["RolloutRun"]
 
@@ -64,7 +62,7 @@ def _latencies(evidence: ArmEvidence) -> FloatArray:
     return values
 
 
-class RolloutRun:
+class RolloutRun(StepProgress):
     """Steps plus judge for one rollout (see the module docstring)."""
 
     def __init__(
@@ -76,39 +74,15 @@ class RolloutRun:
         step_index: int = 0,
         resumed_at: float | None = None,
     ) -> None:
-        self.steps = normalize_steps(steps)
-        if not 0 <= step_index < len(self.steps):
-            raise ValueError(
-                f"step_index {step_index} is outside the {len(self.steps)} steps {self.steps}"
-            )
+        super().__init__(steps, step_index)
         self.policy = policy
         self.started_at = float(started_at)
-        self.step_index = step_index
-        self.phase = RolloutPhase.PROGRESSING
         self.healthy_streak = 0
         self.unhealthy_streak = 0
         self._last_now = self.started_at if resumed_at is None else float(resumed_at)
         self._begin_step(self._last_now)
 
-    # -- state the shell reads -------------------------------------------------------------
-
-    @property
-    def done(self) -> bool:
-        return self.phase is not RolloutPhase.PROGRESSING
-
-    @property
-    def canary_percent(self) -> float:
-        """The canary's traffic share now: the current step; 100 once promoted, 0 rolled back."""
-        if self.phase is RolloutPhase.PROMOTED:
-            return 100.0
-        if self.phase is RolloutPhase.ROLLED_BACK:
-            return 0.0
-        return self.steps[self.step_index]
-
-    @property
-    def weight_bp(self) -> int:
-        """:attr:`canary_percent` in basis points, in [0, 10000]."""
-        return max(0, min(10000, round(self.canary_percent * 100.0)))
+    # -- state the shell reads (also: step_index, canary_percent, weight_bp, phase, done) ----
 
     @property
     def window_started_at(self) -> float:
@@ -135,13 +109,12 @@ class RolloutRun:
             return self._max_duration(now)
         breach = self._tests.check()
         if breach is not None:
-            return self._end(
-                RolloutPhase.ROLLED_BACK,
+            return self._decide(
                 RolloutAction.ROLLBACK,
                 breach.reason,
                 breach.detail,
-                self._tests.baseline.summary(),
-                self._tests.canary.summary(),
+                self._tests.baseline,
+                self._tests.canary,
                 breach.statistics,
             )
         if now < self._next_judgement:
@@ -172,13 +145,12 @@ class RolloutRun:
 
     def _judge(self, now: float) -> Decision:
         verdict = judge_window(self._window_baseline, self._window_canary, self.policy)
-        baseline = self._window_baseline.summary()
-        canary = self._window_canary.summary()
+        baseline, canary = self._window_baseline, self._window_canary
         stats = dict(verdict.statistics)
-        if verdict.healthy is None:
+        if verdict.verdict is Verdict.SPARSE:
             # Data-sparse: no streak moves and the window keeps its evidence.
             self._next_judgement = now + self.policy.window_s
-            return self._decision(
+            return self._decide(
                 RolloutAction.HOLD,
                 INSUFFICIENT,
                 verdict.detail,
@@ -187,51 +159,32 @@ class RolloutRun:
                 stats,
                 needed=verdict.needed_requests,
             )
-        if verdict.healthy:
+        if verdict.verdict is Verdict.HEALTHY:
             self.healthy_streak += 1
             self.unhealthy_streak = 0
-        else:
+        elif verdict.verdict is Verdict.UNHEALTHY:
             self.unhealthy_streak += 1
+            self.healthy_streak = 0
+        else:  # inconclusive: not healthy, not (yet) unhealthy
             self.healthy_streak = 0
         stats["healthy_streak"] = float(self.healthy_streak)
         stats["unhealthy_streak"] = float(self.unhealthy_streak)
         if self.unhealthy_streak >= self.policy.unhealthy_windows_to_rollback:
-            return self._end(
-                RolloutPhase.ROLLED_BACK,
-                RolloutAction.ROLLBACK,
-                verdict.reason,
-                f"{verdict.detail} ({self.unhealthy_streak} unhealthy windows in a row)",
-                baseline,
-                canary,
-                stats,
+            detail = f"{verdict.detail} ({self.unhealthy_streak} unhealthy windows in a row)"
+            return self._decide(
+                RolloutAction.ROLLBACK, verdict.reason, detail, baseline, canary, stats
             )
         if self.healthy_streak >= self.policy.healthy_windows_to_advance:
-            if self.step_index == len(self.steps) - 1:
-                return self._end(
-                    RolloutPhase.PROMOTED,
-                    RolloutAction.PROMOTE,
-                    HEALTHY,
-                    f"{verdict.detail}; last step healthy for {self.healthy_streak} windows",
-                    baseline,
-                    canary,
-                    stats,
-                )
-            from_percent = self.canary_percent
-            self.step_index += 1
-            self._begin_step(now)
-            return Decision(
-                action=RolloutAction.ADVANCE,
-                reason=HEALTHY,
-                detail=f"{verdict.detail}; healthy for {self.policy.healthy_windows_to_advance}"
-                " windows",
-                from_percent=from_percent,
-                to_percent=self.canary_percent,
-                baseline=baseline,
-                canary=canary,
-                statistics=stats,
-            )
+            detail = f"{verdict.detail}; healthy for {self.healthy_streak} windows in a row"
+            action = RolloutAction.PROMOTE if self.last_step else RolloutAction.ADVANCE
+            decision = self._decide(action, HEALTHY, detail, baseline, canary, stats)
+            if action is RolloutAction.ADVANCE:
+                self._begin_step(now)
+            return decision
         self._begin_window(now)
-        if verdict.healthy:
+        if verdict.verdict is Verdict.INCONCLUSIVE:
+            reason, detail = verdict.reason, verdict.detail
+        elif verdict.verdict is Verdict.HEALTHY:
             reason = AWAITING_CONFIRMATION
             detail = (
                 f"{verdict.detail} (healthy window {self.healthy_streak} of "
@@ -243,64 +196,42 @@ class RolloutRun:
                 f"{verdict.detail} (unhealthy window {self.unhealthy_streak} of "
                 f"{self.policy.unhealthy_windows_to_rollback})"
             )
-        return self._decision(RolloutAction.HOLD, reason, detail, baseline, canary, stats)
+        return self._decide(RolloutAction.HOLD, reason, detail, baseline, canary, stats)
 
     def _max_duration(self, now: float) -> Decision:
         elapsed = now - self.started_at
-        return self._end(
-            RolloutPhase.ROLLED_BACK,
+        return self._decide(
             RolloutAction.ROLLBACK,
             MAX_DURATION,
             f"rollout ran {elapsed:.0f} s, past its {self.policy.max_duration_s:g} s maximum, "
             f"without proving the canary healthy at step {self.step_index + 1} of "
             f"{len(self.steps)} ({self.canary_percent:g}%)",
-            self._window_baseline.summary(),
-            self._window_canary.summary(),
+            self._window_baseline,
+            self._window_canary,
             {"elapsed_s": elapsed, "max_duration_s": self.policy.max_duration_s},
         )
 
-    def _decision(
+    def _decide(
         self,
         action: RolloutAction,
         reason: str,
         detail: str,
-        baseline: ArmSummary,
-        canary: ArmSummary,
+        baseline: ArmAccumulator,
+        canary: ArmAccumulator,
         stats: dict[str, float],
         *,
         needed: int = 0,
     ) -> Decision:
-        return Decision(
-            action=action,
-            reason=reason,
-            detail=detail,
-            from_percent=self.canary_percent,
-            to_percent=self.canary_percent,
-            baseline=baseline,
-            canary=canary,
-            statistics=stats,
-            needed_requests=needed,
-        )
-
-    def _end(
-        self,
-        phase: RolloutPhase,
-        action: RolloutAction,
-        reason: str,
-        detail: str,
-        baseline: ArmSummary,
-        canary: ArmSummary,
-        stats: dict[str, float],
-    ) -> Decision:
-        from_percent = self.canary_percent
-        self.phase = phase
+        """Apply ``action`` and describe it with the evidence it was taken on."""
+        from_percent, to_percent = self._move(action)
         return Decision(
             action=action,
             reason=reason,
             detail=detail,
             from_percent=from_percent,
-            to_percent=self.canary_percent,
-            baseline=baseline,
-            canary=canary,
+            to_percent=to_percent,
+            baseline=baseline.summary(),
+            canary=canary.summary(),
             statistics=stats,
+            needed_requests=needed,
         )

@@ -49,3 +49,21 @@ def drive(
         if decision is not None:
             decisions.append((t, decision))
     return decisions
+
+
+def until_decision(
+    run: RolloutRun,
+    rng: np.random.Generator,
+    *,
+    baseline: int,
+    canary: int,
+    canary_error_rate: float,
+) -> tuple[float, Decision]:
+    """Feed fixed per-second request counts until ``run`` decides something."""
+    t = 0.0
+    while True:
+        t += 1.0
+        run.observe(arm(rng, baseline), arm(rng, canary, error_rate=canary_error_rate), t)
+        decision = run.tick(t)
+        if decision is not None:
+            return t, decision

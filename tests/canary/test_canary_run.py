@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from canary_helpers import arm, drive
+from canary_helpers import arm, drive, until_decision
 
 from controller.canary import (
     ArmEvidence,
@@ -82,12 +82,7 @@ def test_a_slow_canary_is_rolled_back_on_latency() -> None:
 def test_a_clearly_broken_canary_is_rolled_back_before_its_window_ends() -> None:
     run = new_run()
     rng = np.random.default_rng(5)
-    decision = None
-    t = 0.0
-    while decision is None:
-        t += 1.0
-        run.observe(arm(rng, 198), arm(rng, 2, error_rate=0.9), t)
-        decision = run.tick(t)
+    t, decision = until_decision(run, rng, baseline=198, canary=2, canary_error_rate=0.9)
     assert decision.action is RolloutAction.ROLLBACK and decision.reason == "error_rate"
     assert t < POLICY.window_s
     assert decision.statistics["error_log_e"] >= decision.statistics["error_log_bound"]
@@ -130,3 +125,74 @@ def test_evidence_is_validated() -> None:
     run = new_run()
     with pytest.raises(ValueError, match="finite"):
         run.observe(ArmEvidence(1, 0, 0, [float("nan")]), ArmEvidence.empty(), 1.0)
+
+
+def test_an_inconclusive_window_holds_and_restarts_the_healthy_streak() -> None:
+    run = new_run()
+    rng = np.random.default_rng(21)
+    run.observe(arm(rng, 3000), arm(rng, 300), 9.0)
+    first = run.tick(10.0)
+    assert first is not None and first.reason == "awaiting_confirmation"
+    assert run.healthy_streak == 1
+    canary = arm(rng, 296)
+    four_errors = ArmEvidence(300, 4, 0, canary.latencies_s)  # 1.3 %: over 0.7 %, not proof
+    run.observe(arm(rng, 3000), four_errors, 19.0)
+    second = run.tick(20.0)
+    assert second is not None
+    assert (second.action, second.reason) == (RolloutAction.HOLD, "inconclusive")
+    assert (run.healthy_streak, run.unhealthy_streak) == (0, 0)
+    assert run.window_started_at == 20.0
+
+
+def test_an_advance_starts_a_fresh_window_at_the_next_step() -> None:
+    run = new_run(steps=[10, 20])
+    rng = np.random.default_rng(2)
+    decisions = []
+    t = 0.0
+    while run.step_index == 0:
+        t += 1.0
+        run.observe(arm(rng, 180), arm(rng, 20), t)
+        decision = run.tick(t)
+        if decision is not None:
+            decisions.append(decision)
+    advance = decisions[-1]
+    assert (advance.action, advance.from_percent, advance.to_percent) == (
+        RolloutAction.ADVANCE,
+        10.0,
+        20.0,
+    )
+    assert advance.baseline.requests > 0 and advance.canary.requests > 0
+    assert advance.canary.p95_s > advance.canary.p50_s > 0
+    assert run.window_started_at == t and (run.healthy_streak, run.unhealthy_streak) == (0, 0)
+    assert run.weight_bp == 2000
+
+
+def test_a_sequential_rollback_reports_the_evidence_of_the_step() -> None:
+    run = new_run()
+    rng = np.random.default_rng(8)
+    t, decision = until_decision(run, rng, baseline=198, canary=5, canary_error_rate=0.6)
+    assert decision.reason == "error_rate"
+    assert decision.canary.requests == 5 * int(t)
+    assert decision.canary.error_rate > 0.3
+    assert decision.statistics["alpha"] == pytest.approx(POLICY.false_alarm_rate / 2)
+
+
+def test_time_that_runs_backwards_counts_as_no_time() -> None:
+    run = new_run(policy=JudgePolicy(max_duration_s=50.0))
+    assert run.tick(30.0) is not None  # a sparse hold
+    assert run.tick(10.0) is None  # not a new window, not a reset
+    with pytest.raises(ValueError, match="finite"):
+        run.tick(float("nan"))
+    decision = run.tick(50.0)
+    assert decision is not None and decision.reason == "max_duration"
+
+
+def test_policy_values_are_validated_with_the_field_named() -> None:
+    with pytest.raises(ValueError, match=r"policy\.window_s"):
+        JudgePolicy(window_s=0)
+    with pytest.raises(ValueError, match=r"policy\.max_error_rate_increase"):
+        JudgePolicy(max_error_rate_increase=2.0)
+    with pytest.raises(ValueError, match=r"policy\.false_alarm_rate"):
+        JudgePolicy(false_alarm_rate=0.0)
+    with pytest.raises(ValueError, match=r"policy\.min_requests"):
+        JudgePolicy(min_requests=0)
