@@ -57,6 +57,23 @@ def decisions(fleet: Any, e2e: SimpleNamespace) -> list[control_pb2.RolloutDecis
     return list(reply.decisions)
 
 
+def wait_for_decision(
+    fleet: Any, e2e: SimpleNamespace, action: int, timeout_s: float, what: str
+) -> None:
+    """Wait for a decision with ``action``; on timeout fail with the whole trail."""
+    trail: list[control_pb2.RolloutDecision] = []
+
+    def probe() -> bool:
+        trail[:] = decisions(fleet, e2e)
+        return any(d.action == action for d in trail)
+
+    try:
+        e2e.wait_for(probe, timeout_s=timeout_s, what=what, watch=fleet.live())
+    except AssertionError as exc:
+        lines = [f"{d.action} {d.reason}: {d.detail}" for d in trail]
+        raise AssertionError(f"{exc}\ndecisions so far:\n" + "\n".join(lines)) from None
+
+
 def load_at(fleet: Any, e2e: SimpleNamespace, rate: float = 120.0) -> Load:
     load = Load(
         argparse.Namespace(
@@ -166,13 +183,8 @@ def test_a_rollout_survives_kill_9_of_its_controller(launch: Any, e2e: SimpleNam
         [line] = again.stderr.strip().splitlines()
         assert line.startswith("halcyon rollout start: FAILED_PRECONDITION (ROLLOUT_CONFLICT)")
 
-        e2e.wait_for(
-            lambda: any(
-                d.action == control_pb2.DECISION_ACTION_ADVANCE for d in decisions(fleet, e2e)
-            ),
-            timeout_s=30,
-            what="the canary to advance to 50%",
-            watch=fleet.live(),
+        wait_for_decision(
+            fleet, e2e, control_pb2.DECISION_ACTION_ADVANCE, 45, "the canary to advance to 50%"
         )
         e2e.wait_for(
             lambda: v2_share(load, 0.5) > 0.35,
@@ -195,11 +207,8 @@ def test_a_rollout_survives_kill_9_of_its_controller(launch: Any, e2e: SimpleNam
             5000,
         )
         assert resumed.last_decision.reason == "resumed"
-        e2e.wait_for(
-            lambda: decisions(fleet, e2e)[-1].action == control_pb2.DECISION_ACTION_PROMOTE,
-            timeout_s=40,
-            what="the resumed rollout to promote v2",
-            watch=fleet.live(),
+        wait_for_decision(
+            fleet, e2e, control_pb2.DECISION_ACTION_PROMOTE, 60, "the resumed rollout to promote"
         )
     finally:
         load.stop()
