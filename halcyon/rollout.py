@@ -42,6 +42,7 @@ __all__ = [
     "configure",
     "count_at_least",
     "decision_row",
+    "parse_steps",
     "read_secret",
     "run",
     "stream_header",
@@ -247,7 +248,7 @@ ROLLOUT_HEADERS = ("model", "rollout", "canary", "state", "step", "canary %", "s
 # -- subcommands ------------------------------------------------------------------------------
 
 
-def _parse_steps(text: str) -> list[float]:
+def parse_steps(text: str) -> list[float]:
     try:
         return [float(p) for p in text.split(",") if p.strip()]
     except ValueError:
@@ -509,7 +510,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     start.add_argument("canary_version", help="version to roll out (needs a live replica)")
     start.add_argument(
         "--steps",
-        type=_parse_steps,
+        type=parse_steps,
         default=[],
         metavar="P,P,…",
         help="canary percentages, increasing; a final 100 means promote (default 1,5,25,50)",

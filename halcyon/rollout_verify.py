@@ -63,6 +63,7 @@ from halcyon.rollout import (
     Console,
     as_dict,
     count_at_least,
+    parse_steps,
     read_secret,
     stream_header,
     stream_row,
@@ -108,7 +109,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "token)",
     )
     parser.add_argument(
-        "--steps", default="20,50", metavar="P,P", help="canary steps (default 20,50)"
+        "--steps",
+        type=parse_steps,
+        default=[20.0, 50.0],
+        metavar="P,P",
+        help="canary steps (default 20,50)",
     )
     parser.add_argument(
         "--window", type=positive, default=3.0, metavar="SECONDS", help="window (default 3)"
@@ -407,7 +412,7 @@ class Experiment:
 
     def ship(self, outcome: Outcome) -> Outcome:
         """Start a rollout of ``outcome.version`` and follow it to its end."""
-        steps = [float(p) for p in self.args.steps.split(",") if p.strip()]
+        steps = self.args.steps
         watch = self.console.stub.WatchRolloutDecisions(
             control_pb2.WatchRolloutDecisionsRequest(model=self.model),
             metadata=self.console.metadata,
@@ -417,42 +422,50 @@ class Experiment:
         self.say(stream_header())
         self.load.phase()
         started_at = time.monotonic()
-        started = self.console.call(
-            self.console.stub.StartRollout,
-            control_pb2.StartRolloutRequest(
-                model=self.model,
-                canary_version=outcome.version,
-                step_percents=steps,
-                policy=self.policy(),
-            ),
-        ).rollout
+        started: control_pb2.Rollout | None = None
+        try:
+            started = self.console.call(
+                self.console.stub.StartRollout,
+                control_pb2.StartRolloutRequest(
+                    model=self.model,
+                    canary_version=outcome.version,
+                    step_percents=steps,
+                    policy=self.policy(),
+                ),
+            ).rollout
+            self._follow(watch, started.id, outcome)
+        finally:
+            watch.cancel()
+            if started is not None and outcome.action == "no decision":
+                # Timed out, interrupted or failed: leave no rollout of ours running.
+                self._abort("halcyon rollout verify: stopped before a decision")
+        outcome.seconds = time.monotonic() - started_at
+        outcome.tally = self.load.phase()
+        return outcome
+
+    def _follow(self, watch: Any, rollout_id: int, outcome: Outcome) -> None:
+        """Record the rollout's decisions until a terminal one (or the watch deadline)."""
         try:
             for item in watch:
                 d = item.decision
-                if d.rollout_id != started.id:
+                if d.rollout_id != rollout_id:
                     continue
                 outcome.trail.append(d)
                 self.say(stream_row(d))
                 if d.action in _TERMINAL:
                     outcome.action = ACTION_NAMES[d.action]
                     outcome.reason = d.reason
-                    break
+                    return
         except grpc.RpcError as exc:
             if exc.code() != grpc.StatusCode.DEADLINE_EXCEEDED:  # type: ignore[attr-defined]
                 raise
-        finally:
-            watch.cancel()
-        outcome.seconds = time.monotonic() - started_at
-        outcome.tally = self.load.phase()
-        if outcome.action == "no decision":
-            with contextlib.suppress(grpc.RpcError):
-                self.console.call(
-                    self.console.stub.AbortRollout,
-                    control_pb2.AbortRolloutRequest(
-                        model=self.model, reason="halcyon rollout verify: no decision in time"
-                    ),
-                )
-        return outcome
+
+    def _abort(self, why: str) -> None:
+        with contextlib.suppress(grpc.RpcError):
+            self.console.call(
+                self.console.stub.AbortRollout,
+                control_pb2.AbortRolloutRequest(model=self.model, reason=why),
+            )
 
     def wait_registered(self, version: str) -> None:
         deadline = time.monotonic() + 15.0
