@@ -3,9 +3,10 @@
 What it decides: which scenario runs and how its results are shown. ``--scenario batching``
 (the default) runs every batching strategy on the same traces and prints one table (or JSON
 lines, or a plot); ``fleet`` and ``herd`` hand over to the routing benchmarks in
-``bench.fleet``. Every workload parameter of the batching benchmark is a flag, so the claim
-"Halcyon beats the alternatives" can be tested on anyone's own traffic shape, or on a recorded
-trace (``--trace``).
+``bench.fleet``; ``rollout`` replays seeded canary rollouts through the real judge and two
+rivals (``bench.rollout_sim``). Every workload parameter of the batching benchmark is a flag,
+so the claim "Halcyon beats the alternatives" can be tested on anyone's own traffic shape, or
+on a recorded trace (``--trace``).
 
 Output on stdout is deterministic (same flags, same bytes); timing and progress go to stderr.
 """
@@ -19,6 +20,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from bench.markdown import markdown_table
 from bench.runner import Cell, Workload, run_cells
 from bench.sim import DeviceModel, SimResult
 from bench.strategies import HALCYON_TOKENS, STRATEGIES, Strategy
@@ -64,14 +66,24 @@ def _rates(text: str) -> list[float]:
     return rates
 
 
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0.0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the benchmark's flags to ``parser`` (``halcyon bench`` and ``python -m bench``)."""
     parser.add_argument(
         "--scenario",
-        choices=("batching", "fleet", "herd"),
+        choices=("batching", "fleet", "herd", "rollout"),
         default="batching",
-        help="batching strategies on one device, routing across a fleet, or a herd of "
-        "gateways (default %(default)s)",
+        help="batching strategies on one device, routing across a fleet, a herd of gateways, "
+        "or canary rollouts judged three ways (default %(default)s)",
     )
     wl = parser.add_argument_group("workload (batching)")
     wl.add_argument(
@@ -142,6 +154,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "instead of a synthetic trace (--rates and the shape flags are then ignored; "
         "default: synthetic)",
     )
+    ro = parser.add_argument_group("rollout")
+    ro.add_argument(
+        "--seeds",
+        type=_positive_int,
+        default=200,
+        help="rollouts per (judge, case), seeds --seed, --seed+1, ... (default 200)",
+    )
+    ro.add_argument(
+        "--rollout-rate",
+        type=_positive_float,
+        default=200.0,
+        metavar="REQ_PER_S",
+        help="requests per second across both arms (default 200)",
+    )
     dev = parser.add_argument_group("device")
     dev.add_argument(
         "--intercept-ms",
@@ -201,11 +227,24 @@ def run(args: argparse.Namespace) -> int:
         from bench.fleet import herd_main
 
         return herd_main(args.seed, args.json, sys.stdout)
+    if args.scenario == "rollout":
+        return run_rollout(args, sys.stdout, sys.stderr)
     try:
         return run_batching(args, sys.stdout, sys.stderr)
     except ValueError as exc:
         print(f"halcyon bench: {exc}", file=sys.stderr)
         return 2
+
+
+def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """The rollout simulation with this command's seeds, traffic rate and output flags."""
+    from dataclasses import replace
+
+    from bench.rollout_sim import SimConfig, rollout_main
+
+    config = SimConfig(seeds=args.seeds, first_seed=args.seed)
+    config = replace(config, traffic=replace(config.traffic, rate=args.rollout_rate))
+    return rollout_main(config, args.json, out, err, progress=args.progress or err.isatty())
 
 
 def _strategies(objective: str) -> list[Strategy]:
@@ -318,47 +357,23 @@ _COLUMNS = (
 def format_table(results: Sequence[SimResult]) -> str:
     """A Markdown table: one row per (rate, strategy)."""
     rows = [
-        [
-            fmt.format(value)
-            for (_name, fmt), value in zip(
-                _COLUMNS,
-                (
-                    r.rate,
-                    r.strategy,
-                    r.goodput_per_s,
-                    r.p50_ms,
-                    r.p95_ms,
-                    r.p99_ms,
-                    r.urgent_slo,
-                    r.relaxed_slo,
-                    r.utilisation,
-                    r.mean_batch,
-                    r.shed,
-                    r.late,
-                ),
-                strict=True,
-            )
-        ]
+        (
+            r.rate,
+            r.strategy,
+            r.goodput_per_s,
+            r.p50_ms,
+            r.p95_ms,
+            r.p99_ms,
+            r.urgent_slo,
+            r.relaxed_slo,
+            r.utilisation,
+            r.mean_batch,
+            r.shed,
+            r.late,
+        )
         for r in results
     ]
-    header = [name for name, _fmt in _COLUMNS]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(header)]
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [
-            cell.ljust(width) if i == 1 else cell.rjust(width)
-            for i, (cell, width) in enumerate(zip(cells, widths, strict=True))
-        ]
-        return "| " + " | ".join(padded) + " |"
-
-    divider = (
-        "|"
-        + "|".join(
-            ":" + "-" * (w + 1) if i == 1 else "-" * (w + 1) + ":" for i, w in enumerate(widths)
-        )
-        + "|"
-    )
-    return "\n".join([line(header), divider, *(line(row) for row in rows)])
+    return markdown_table(_COLUMNS, rows, left={1})
 
 
 def main(argv: Sequence[str] | None = None) -> int:

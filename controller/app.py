@@ -1,10 +1,12 @@
 """The assembled controller: one object that opens the store and wires the parts together.
 
 What it decides: construction and lifecycle order, shared by ``halcyon controller`` and the
-tests — open the store (off the event loop) and reconcile the stable versions with it before
-anything can register; start the lease sweeper and the event writer after the server binds;
-on shutdown end every stream cleanly first (:meth:`Controller.shutdown`), and only after the
-server has stopped flush the pending fleet events and close the store (:meth:`close`).
+tests — open the store (off the event loop), reconcile the stable versions with it and re-arm
+every running rollout at its stored step and weight before anything can register or watch the
+fleet; start the lease sweeper, the event writer and the rollout judge after the server binds;
+on shutdown stop judging and end every stream cleanly first (:meth:`Controller.shutdown`), and
+only after the server has stopped flush the pending fleet events and close the store
+(:meth:`close`).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from prometheus_client import CollectorRegistry
 from common.clock import Clock, MonotonicClock
 from common.serving import ServiceHost
 from controller.convert import WallClock
+from controller.drop_log import DropLog
 from controller.event_writer import FleetEventWriter
 from controller.feed import ChangeFeed
 from controller.fleet import FleetManager
@@ -28,6 +31,8 @@ from controller.fleet_view import FleetView
 from controller.metrics import ControllerMetrics
 from controller.outcomes import OutcomeAggregator
 from controller.registry import FleetRegistry
+from controller.rollout_evidence import RolloutEvidence
+from controller.rollouts import RolloutManager
 from controller.routing_table import RoutingTable
 from controller.servicer import SERVICE_NAME, ControlService
 from controller.stable_versions import reconcile
@@ -55,6 +60,7 @@ class ControllerConfig:
     # How long snapshots say "warming up" after start (gateways merge them); None: one lease
     # TTL, 0: never (ADR 0011).
     warm_up_s: float | None = None
+    rollout_tick_s: float = 1.0  # how often the canary judge looks at the evidence
 
 
 class Controller:
@@ -89,8 +95,12 @@ class Controller:
             epoch=epoch,
             warm_up_until=clock.now() + warm_up if warm_up > 0 else None,
         )
+        self.evidence = RolloutEvidence()
         self.outcomes = OutcomeAggregator(
-            clock, window_s=config.outcome_window_s, gateway_ttl_s=config.gateway_ttl_s
+            clock,
+            window_s=config.outcome_window_s,
+            gateway_ttl_s=config.gateway_ttl_s,
+            tap=self.evidence,
         )
         self.events = FleetEventWriter(store)
         self.fleet = FleetManager(
@@ -104,12 +114,27 @@ class Controller:
             heartbeat_interval_s=config.heartbeat_interval_s,
             sweep_interval_s=config.sweep_interval_s,
         )
+        self.rollouts = RolloutManager(
+            store=store,
+            routing=self.routing,
+            registry=self.registry,
+            view=self.view,
+            publish=self.fleet.notify_changed,
+            evidence=self.evidence,
+            metrics=self.metrics,
+            clock=clock,
+            wall=self.wall,
+            configured_stable=config.stable,
+            tick_s=config.rollout_tick_s,
+        )
         self.servicer = ControlService(
             fleet=self.fleet,
             outcomes=self.outcomes,
             store=store,
+            rollouts=self.rollouts,
             metrics=self.metrics,
             wall=self.wall,
+            drop_log=DropLog(logging.getLogger("halcyon.controller.outcomes"), clock),
             coalesce_s=config.coalesce_s,
         )
         self._closed = False
@@ -145,6 +170,11 @@ class Controller:
             clock=clock or MonotonicClock(),
             metrics_registry=metrics_registry,
         )
+        try:
+            await controller.rollouts.resume()
+        except BaseException:
+            store.close()
+            raise
         controller.fleet.notify_changed()
         return controller
 
@@ -155,12 +185,16 @@ class Controller:
         )
 
     def start(self) -> None:
-        """Start the lease sweeper and the fleet event writer (inside the running loop)."""
+        """Start the lease sweeper, the fleet event writer and the rollout judge (inside the
+        running loop)."""
         self.events.start()
         self.fleet.start()
+        self.rollouts.start()
 
     async def shutdown(self) -> None:
-        """End every worker session and WatchFleet stream with OK (before the server stops)."""
+        """Stop judging; end every worker session, WatchFleet and decision stream with OK
+        (before the server stops)."""
+        await self.rollouts.close()
         await self.fleet.close()
 
     async def close(self) -> None:
@@ -168,6 +202,7 @@ class Controller:
         if self._closed:
             return
         self._closed = True
+        await self.rollouts.close()
         await self.fleet.close()
         await self.events.close()
         await asyncio.to_thread(self.store.close)

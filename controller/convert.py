@@ -11,15 +11,16 @@ wall time.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from google.protobuf import json_format, timestamp_pb2
+from google.protobuf import timestamp_pb2
 
 from common.clock import Clock
 from common.durations import to_duration
 from controller.outcomes import GatewayReport, VersionOutcomes
 from controller.registry import Member
+from controller.rollout_policy import policy_from_dict, policy_to_pb
 from controller.store import (
     ArmSnapshot,
     DecisionAction,
@@ -35,9 +36,8 @@ __all__ = [
     "decision_to_pb",
     "gateway_to_pb",
     "member_to_pb",
-    "policy_from_pb",
-    "policy_to_pb",
     "rollout_to_pb",
+    "stored_policy_to_pb",
     "timestamp",
 ]
 
@@ -97,18 +97,18 @@ def gateway_to_pb(report: GatewayReport, wall: WallClock) -> control_pb2.Gateway
     )
 
 
-def policy_to_pb(policy: dict[str, Any]) -> control_pb2.RolloutPolicy:
-    """A stored policy (the proto's JSON mapping) as a message; unknown keys are ignored."""
-    return json_format.ParseDict(policy, control_pb2.RolloutPolicy(), ignore_unknown_fields=True)
+def stored_policy_to_pb(policy: Mapping[str, Any]) -> control_pb2.RolloutPolicy:
+    """A rollout's stored (effective) policy as a message; empty if it cannot be read."""
+    try:
+        return policy_to_pb(policy_from_dict(policy))
+    except ValueError:
+        return control_pb2.RolloutPolicy()
 
 
-def policy_from_pb(policy: control_pb2.RolloutPolicy) -> dict[str, Any]:
-    """A policy message in its JSON mapping, for the store."""
-    return json_format.MessageToDict(policy, preserving_proto_field_name=True)
-
-
-def rollout_to_pb(r: RolloutRecord) -> control_pb2.Rollout:
-    return control_pb2.Rollout(
+def rollout_to_pb(
+    r: RolloutRecord, last_decision: DecisionRecord | None = None
+) -> control_pb2.Rollout:
+    out = control_pb2.Rollout(
         id=r.id,
         model=r.model,
         baseline_version=r.baseline_version,
@@ -117,10 +117,13 @@ def rollout_to_pb(r: RolloutRecord) -> control_pb2.Rollout:
         step_index=r.step_index,
         canary_weight_bp=r.canary_weight_bp,
         state=_ROLLOUT_STATE[r.state],
-        policy=policy_to_pb(r.policy),
+        policy=stored_policy_to_pb(r.policy),
         started_at=timestamp(r.started_at),
         updated_at=timestamp(r.updated_at),
     )
+    if last_decision is not None:
+        out.last_decision.CopyFrom(decision_to_pb(last_decision))
+    return out
 
 
 def arm_to_pb(arm: ArmSnapshot) -> control_pb2.ArmMetrics:
@@ -145,6 +148,9 @@ def decision_to_pb(d: DecisionRecord) -> control_pb2.RolloutDecision:
         from_percent=d.from_percent,
         to_percent=d.to_percent,
         decided_at=timestamp(d.decided_at),
+        detail=d.detail,
+        statistics=d.statistics,
+        needed_requests=d.needed_requests,
     )
     if d.baseline is not None:
         out.baseline.CopyFrom(arm_to_pb(d.baseline))

@@ -1,19 +1,22 @@
 """The controller's domain metrics (``halcyon_controller_*``), on the host's registry.
 
 What it decides: names, types and labels. Labels have small fixed domains: ``kind`` is one of
-ok / error / shed / late; ``model`` and ``version`` come from the fleet's configured models.
+ok / error / shed / late; ``reason`` (dropped outcomes) one of
+:data:`controller.outcomes.DROP_REASONS`; ``model`` and ``version`` come from the fleet's
+configured models.
 Replica gauges are rebuilt from the registry on every membership change, so a (model, version)
 whose last replica left disappears instead of lingering at its old value.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter as Tally
 from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
-from controller.outcomes import KIND_NAMES
+from controller.outcomes import DROP_REASONS, KIND_NAMES
 from controller.registry import Member
 
 __all__ = ["ControllerMetrics"]
@@ -52,6 +55,29 @@ class ControllerMetrics:
             ["kind"],
             registry=r,
         )
+        self.dropped_outcomes = Counter(
+            "halcyon_controller_dropped_outcomes",
+            "Outcome items in gateway reports that were not counted, by why",
+            ["reason"],
+            registry=r,
+        )
+        self.rollout_decisions = Counter(
+            "halcyon_controller_rollout_decisions",
+            "Rollout decisions taken, by action (start, advance, hold, rollback, promote, abort)",
+            ["action"],
+            registry=r,
+        )
+        self.rollouts_active = Gauge(
+            "halcyon_controller_rollouts_active",
+            "Rollouts in progress",
+            registry=r,
+        )
+        self.canary_weight = Gauge(
+            "halcyon_controller_canary_weight_bp",
+            "Canary share of a model's sticky-hash space in basis points, while a rollout runs",
+            ["model"],
+            registry=r,
+        )
         self.fleet_watchers = Gauge(
             "halcyon_controller_fleet_watchers",
             "Open WatchFleet streams",
@@ -79,6 +105,8 @@ class ControllerMetrics:
         )
         for kind in KIND_NAMES.values():
             self.outcomes.labels(kind=kind)
+        for reason in DROP_REASONS:
+            self.dropped_outcomes.labels(reason=reason)
         self._replica_labels: set[tuple[str, str]] = set()
 
     def set_members(self, members: Iterable[Member]) -> None:
@@ -89,7 +117,18 @@ class ControllerMetrics:
             self.replicas.labels(model=model, version=version).set(n)
         self._replica_labels = set(tally)
 
-    def count_outcomes(self, by_kind: Mapping[str, int]) -> None:
+    def set_rollout(self, model: str, weight_bp: int | None, active: int) -> None:
+        """A rollout's canary weight (None once it ended) and how many are running."""
+        if weight_bp is None:
+            with contextlib.suppress(KeyError):
+                self.canary_weight.remove(model)
+        else:
+            self.canary_weight.labels(model=model).set(weight_bp)
+        self.rollouts_active.set(active)
+
+    def count_outcomes(self, by_kind: Mapping[str, int], dropped: Mapping[str, int]) -> None:
         for kind, n in by_kind.items():
             if n:
                 self.outcomes.labels(kind=kind).inc(n)
+        for reason, n in dropped.items():
+            self.dropped_outcomes.labels(reason=reason).inc(n)

@@ -10,12 +10,19 @@ GetState, forgetting gateways silent for longer than ``gateway_ttl_s``.
 
 Every request is counted once with its own kind — a failed batch of 8 is 8 errors, and shed
 requests count against the version they were assigned to (defect 4 of the original). The
-rollout controller reads :meth:`OutcomeAggregator.window` and calls
-:meth:`OutcomeAggregator.reset` when a rollout starts, so pre-rollout traffic is never judged
-(defect 3).
+rolling window is what GetState shows; rollouts judge their own evidence (below), so
+pre-rollout traffic is never judged (defect 3).
 
-A report is validated as a whole before any of it is counted: a malformed outcome rejects the
-report (the field path says which) instead of silently skewing the evidence. Pure and
+Validation is per item, never per report: one malformed outcome (no model, no version, an
+unknown kind, a negative latency) is dropped and counted by reason in the returned
+:class:`IngestResult`, and every well-formed outcome of the same report is still counted. A
+report is a second of a gateway's evidence; rejecting all of it for one bad item would throw
+good evidence away with the bad (the defect this replaced). A report with no ``gateway_id``
+still has its outcomes counted; only the gateway status is skipped.
+
+Rollout evidence is not read from the rolling window: a ``tap`` (see
+:class:`controller.rollout_evidence.RolloutEvidence`) sees every accepted request outcome as it
+is ingested, so each rollout accumulates its own per-arm deltas from its own start. Pure and
 clock-injected.
 """
 
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from common.clock import Clock
 from common.durations import to_seconds
@@ -30,11 +38,15 @@ from common.histogram import LatencyHistogram
 from halcyon.v1 import control_pb2, fleet_pb2
 
 __all__ = [
+    "DROP_REASONS",
     "KIND_NAMES",
     "GatewayReport",
-    "InvalidReport",
+    "IngestResult",
     "OutcomeAggregator",
+    "OutcomeTap",
     "VersionOutcomes",
+    "check_batch",
+    "check_request",
 ]
 
 Kind = control_pb2.RequestOutcomeKind
@@ -46,15 +58,22 @@ KIND_NAMES: dict[int, str] = {
     Kind.REQUEST_OUTCOME_KIND_LATE: "late",
 }
 _ANSWERED = (Kind.REQUEST_OUTCOME_KIND_OK, Kind.REQUEST_OUTCOME_KIND_LATE)
+# Why an outcome was not counted: a small fixed label domain for the dropped-outcomes metric.
+DROP_REASONS = (
+    "missing_model",
+    "missing_version",
+    "invalid_kind",
+    "invalid_latency",
+    "series_limit",
+)
 
 
-class InvalidReport(ValueError):
-    """A report that cannot be counted; ``field`` is the path of the offending field."""
+class OutcomeTap(Protocol):
+    """Sees every accepted outcome as it is ingested (the rollouts' evidence)."""
 
-    def __init__(self, field: str, description: str) -> None:
-        super().__init__(f"{field}: {description}")
-        self.field = field
-        self.description = description
+    def record(self, model: str, version: str, kind: int, latency_s: float) -> None: ...
+
+    def record_batch(self, model: str, version: str, size: int, ok: bool) -> None: ...
 
 
 @dataclass
@@ -115,29 +134,48 @@ class GatewayReport:
     reports: int
 
 
-def validate_report(report: control_pb2.ReportOutcomesRequest) -> None:
-    """Raise :class:`InvalidReport` naming the first field that cannot be counted."""
-    if not report.gateway_id.strip():
-        raise InvalidReport("gateway_id", "must not be empty")
-    for i, outcome in enumerate(report.requests):
-        path = f"requests[{i}]"
-        if not outcome.model:
-            raise InvalidReport(f"{path}.model", "must not be empty")
-        if not outcome.version:
-            raise InvalidReport(f"{path}.version", "must not be empty")
-        if outcome.kind not in KIND_NAMES:
-            raise InvalidReport(
-                f"{path}.kind", f"must be OK, ERROR, SHED or LATE, got {outcome.kind}"
-            )
-        latency = to_seconds(outcome.latency)
-        if not (math.isfinite(latency) and latency >= 0.0):
-            raise InvalidReport(f"{path}.latency", f"must be >= 0, got {latency}")
-    for i, batch in enumerate(report.batches):
-        path = f"batches[{i}]"
-        if not batch.model:
-            raise InvalidReport(f"{path}.model", "must not be empty")
-        if not batch.version:
-            raise InvalidReport(f"{path}.version", "must not be empty")
+@dataclass
+class IngestResult:
+    """What one report contributed: counted requests by kind, dropped items by reason.
+
+    ``problem`` describes the first dropped item (field path and why), for the log line.
+    """
+
+    counted: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KIND_NAMES.values(), 0))
+    dropped: dict[str, int] = field(default_factory=dict)
+    problem: str | None = None
+
+    def drop(self, reason: str, path: str, description: str) -> None:
+        self.dropped[reason] = self.dropped.get(reason, 0) + 1
+        if self.problem is None:
+            self.problem = f"{path}: {description}"
+
+    @property
+    def dropped_total(self) -> int:
+        return sum(self.dropped.values())
+
+
+def check_request(outcome: control_pb2.RequestOutcome) -> tuple[str, str, str] | None:
+    """Why a request outcome cannot be counted — (reason, field, description) — or None."""
+    if not outcome.model:
+        return "missing_model", "model", "must not be empty"
+    if not outcome.version:
+        return "missing_version", "version", "must not be empty"
+    if outcome.kind not in KIND_NAMES:
+        return "invalid_kind", "kind", f"must be OK, ERROR, SHED or LATE, got {outcome.kind}"
+    latency = to_seconds(outcome.latency)
+    if not (math.isfinite(latency) and latency >= 0.0):
+        return "invalid_latency", "latency", f"must be >= 0, got {latency}"
+    return None
+
+
+def check_batch(batch: control_pb2.BatchOutcome) -> tuple[str, str, str] | None:
+    """Why a batch outcome cannot be counted — (reason, field, description) — or None."""
+    if not batch.model:
+        return "missing_model", "model", "must not be empty"
+    if not batch.version:
+        return "missing_version", "version", "must not be empty"
+    return None
 
 
 class OutcomeAggregator:
@@ -151,6 +189,7 @@ class OutcomeAggregator:
         slots: int = 6,
         gateway_ttl_s: float = 60.0,
         max_series: int = 1024,
+        tap: OutcomeTap | None = None,
     ) -> None:
         if not (math.isfinite(window_s) and window_s > 0.0):
             raise ValueError(f"window_s must be positive and finite, got {window_s}")
@@ -164,11 +203,12 @@ class OutcomeAggregator:
         self._width = self._window_s / slots
         self._gateway_ttl_s = float(gateway_ttl_s)
         self._max_series = max_series
+        self.tap = tap
         # epoch -> (model, version) -> cell; at most `slots` epochs are live.
         self._ring: dict[int, dict[tuple[str, str], _Cell]] = {}
         self._gateways: dict[str, GatewayReport] = {}
         self.reports_total = 0
-        # Outcomes of series beyond max_series (a misbehaving gateway inventing names).
+        # Outcomes not counted (malformed, or beyond max_series), over the aggregator's life.
         self.dropped_outcomes = 0
 
     @property
@@ -189,17 +229,15 @@ class OutcomeAggregator:
 
     # -- ingest -------------------------------------------------------------------------------
 
-    def ingest(self, report: control_pb2.ReportOutcomesRequest) -> dict[str, int]:
-        """Validate and count one report; returns request counts by kind name.
-
-        Raises :class:`InvalidReport` (and counts nothing) if any part is malformed.
-        """
-        validate_report(report)
+    def ingest(self, report: control_pb2.ReportOutcomesRequest) -> IngestResult:
+        """Count every well-formed item of one report; drop (and count) the malformed ones."""
         now = self._clock.now()
         live = self._live()
         cells = live.setdefault(self._epoch(), {})
         known = self._series()
-        counted = dict.fromkeys(KIND_NAMES.values(), 0)
+        result = IngestResult()
+        counted = result.counted
+        tap = self.tap
 
         def cell(model: str, version: str) -> _Cell | None:
             key = (model, version)
@@ -211,36 +249,55 @@ class OutcomeAggregator:
             known.add(key)
             return cells.setdefault(key, _Cell())
 
-        for outcome in report.requests:
+        for i, outcome in enumerate(report.requests):
+            problem = check_request(outcome)
+            if problem is not None:
+                reason, name, description = problem
+                result.drop(reason, f"requests[{i}].{name}", description)
+                continue
+            latency = to_seconds(outcome.latency)
+            if tap is not None:
+                # Rollout evidence is not subject to the series cap: it only keeps the arms
+                # of running rollouts.
+                tap.record(outcome.model, outcome.version, outcome.kind, latency)
             target = cell(outcome.model, outcome.version)
             if target is None:
-                self.dropped_outcomes += 1
+                result.drop("series_limit", f"requests[{i}]", "too many (model, version) series")
                 continue
-            name = KIND_NAMES[outcome.kind]
-            setattr(target, name, getattr(target, name) + 1)
-            counted[name] += 1
+            kind = KIND_NAMES[outcome.kind]
+            setattr(target, kind, getattr(target, kind) + 1)
+            counted[kind] += 1
             if outcome.kind in _ANSWERED:
-                target.latency.record(to_seconds(outcome.latency))
-        for batch in report.batches:
+                target.latency.record(latency)
+        for i, batch in enumerate(report.batches):
+            problem = check_batch(batch)
+            if problem is not None:
+                reason, name, description = problem
+                result.drop(reason, f"batches[{i}].{name}", description)
+                continue
+            if tap is not None:
+                tap.record_batch(batch.model, batch.version, batch.size, batch.ok)
             target = cell(batch.model, batch.version)
             if target is None:
-                self.dropped_outcomes += 1
+                result.drop("series_limit", f"batches[{i}]", "too many (model, version) series")
                 continue
             target.batches += 1
             if not batch.ok:
                 target.failed_batches += 1
+        self.dropped_outcomes += result.dropped_total
 
-        previous = self._gateways.get(report.gateway_id)
-        self._gateways[report.gateway_id] = GatewayReport(
-            gateway_id=report.gateway_id,
-            last_report_at=now,
-            concurrency_limit=report.concurrency_limit,
-            inflight=report.inflight,
-            cost_models=tuple(_copy_cost(c) for c in report.cost_models),
-            reports=(previous.reports if previous else 0) + 1,
-        )
+        if report.gateway_id.strip():
+            previous = self._gateways.get(report.gateway_id)
+            self._gateways[report.gateway_id] = GatewayReport(
+                gateway_id=report.gateway_id,
+                last_report_at=now,
+                concurrency_limit=report.concurrency_limit,
+                inflight=report.inflight,
+                cost_models=tuple(_copy_cost(c) for c in report.cost_models),
+                reports=(previous.reports if previous else 0) + 1,
+            )
         self.reports_total += 1
-        return counted
+        return result
 
     # -- reading ------------------------------------------------------------------------------
 

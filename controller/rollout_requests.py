@@ -1,45 +1,28 @@
 """Validation of operator rollout requests, before any rollout logic runs.
 
 What it decides: which rollout requests are malformed — INVALID_ARGUMENT naming the offending
-field, never an internal error (defect 13 of the original) — and the honest answer for the
-rollout RPCs until the rollout controller exists: UNIMPLEMENTED with ErrorInfo reason
-NOT_IMPLEMENTED. Nothing here fakes success.
+field, never an internal error (defect 13 of the original) — and what a well-formed
+``StartRollout`` means: the steps as the judge will run them and the effective policy.
 
-Steps are canary traffic percentages, each strictly between 0 and 100 and strictly increasing:
-100 % is not a step (promotion follows the last step, so a baseline always exists to compare
-against — defect 2 of the original).
+Steps are canary traffic percentages (:func:`controller.canary.normalize_steps`): each strictly
+between 0 and 100 and strictly increasing, empty for the default 1, 5, 25, 50; a final 100 is
+accepted and means "then promote" (what users type first), because promotion always follows
+the last step — a baseline always exists to compare against (defect 2 of the original).
+Whether the model and its canary replicas exist is the rollout manager's question, not this
+module's: that depends on the fleet, this only on the request.
 """
 
 from __future__ import annotations
 
 import math
 
-import grpc
-
-from common.errors import Reason, RichError, invalid_argument
+from common.errors import invalid_argument
+from controller.canary import InvalidSteps, JudgePolicy, normalize_steps
+from controller.rollout_policy import policy_from_pb
+from controller.rollouts import StartRequest
 from halcyon.v1 import control_pb2
 
-__all__ = [
-    "DEFAULT_STEPS",
-    "not_implemented",
-    "validate_model",
-    "validate_policy",
-    "validate_start",
-    "validate_steps",
-]
-
-DEFAULT_STEPS: tuple[float, ...] = (1.0, 5.0, 25.0, 50.0)
-_ROLLOUTS_LATER = "rollouts arrive with the rollout controller"
-
-
-def not_implemented(method: str) -> RichError:
-    """UNIMPLEMENTED / NOT_IMPLEMENTED for a rollout RPC the controller cannot serve yet."""
-    return RichError(
-        grpc.StatusCode.UNIMPLEMENTED,
-        f"{method} is not implemented yet: {_ROLLOUTS_LATER}",
-        reason=Reason.NOT_IMPLEMENTED,
-        metadata={"method": method},
-    )
+__all__ = ["parse_start", "validate_model", "validate_policy", "validate_steps"]
 
 
 def validate_model(model: str) -> None:
@@ -47,23 +30,12 @@ def validate_model(model: str) -> None:
         raise invalid_argument("model", "is required")
 
 
-def validate_steps(steps: list[float] | tuple[float, ...]) -> None:
-    """Each step in (0, 100), strictly increasing. Empty means the defaults."""
-    previous: float | None = None
-    for i, p in enumerate(steps):
-        if not (math.isfinite(p) and 0.0 < p < 100.0):
-            raise invalid_argument(
-                "step_percents",
-                f"step {i} is {p}: every step must be strictly between 0 and 100 percent "
-                "(promotion follows the last step)",
-            )
-        if previous is not None and p <= previous:
-            raise invalid_argument(
-                "step_percents",
-                f"step {i} ({p}) does not exceed step {i - 1} ({previous}): "
-                "steps must be strictly increasing",
-            )
-        previous = p
+def validate_steps(steps: list[float] | tuple[float, ...]) -> tuple[float, ...]:
+    """The steps the rollout runs; INVALID_ARGUMENT naming ``step_percents`` otherwise."""
+    try:
+        return normalize_steps(steps)
+    except InvalidSteps as exc:
+        raise invalid_argument(exc.field, exc.description) from None
 
 
 def _finite_non_negative(value: float, field: str) -> None:
@@ -71,12 +43,8 @@ def _finite_non_negative(value: float, field: str) -> None:
         raise invalid_argument(field, f"must be a finite number >= 0 (0 = default), got {value}")
 
 
-def validate_policy(policy: control_pb2.RolloutPolicy) -> None:
-    """Guards that cannot mean anything: negative or non-finite values, a window <= 0."""
-    if policy.HasField("window"):
-        seconds = policy.window.seconds + policy.window.nanos / 1e9
-        if seconds <= 0.0:
-            raise invalid_argument("policy.window", f"must be positive when set, got {seconds}s")
+def validate_policy(policy: control_pb2.RolloutPolicy) -> JudgePolicy:
+    """The effective policy (unset fields take the judge's defaults), or INVALID_ARGUMENT."""
     _finite_non_negative(policy.max_error_rate_increase, "policy.max_error_rate_increase")
     if policy.max_error_rate_increase > 1.0:
         raise invalid_argument(
@@ -85,10 +53,14 @@ def validate_policy(policy: control_pb2.RolloutPolicy) -> None:
         )
     _finite_non_negative(policy.max_error_rate_ratio, "policy.max_error_rate_ratio")
     _finite_non_negative(policy.max_p95_ratio, "policy.max_p95_ratio")
+    _finite_non_negative(policy.false_alarm_rate, "policy.false_alarm_rate")
+    return policy_from_pb(policy)
 
 
-def validate_start(request: control_pb2.StartRolloutRequest, stable_version: str | None) -> None:
-    """Raise INVALID_ARGUMENT for a StartRollout request that no controller could accept.
+def parse_start(
+    request: control_pb2.StartRolloutRequest, stable_version: str | None
+) -> StartRequest:
+    """The StartRequest a StartRollout asks for; INVALID_ARGUMENT naming the field otherwise.
 
     ``stable_version`` is the model's current stable version, if it has one.
     """
@@ -100,6 +72,11 @@ def validate_start(request: control_pb2.StartRolloutRequest, stable_version: str
             "canary_version",
             f"{request.canary_version!r} is already the stable version of {request.model!r}",
         )
-    validate_steps(list(request.step_percents))
-    if request.HasField("policy"):
-        validate_policy(request.policy)
+    steps = validate_steps(list(request.step_percents))
+    policy = validate_policy(request.policy)
+    return StartRequest(
+        model=request.model,
+        canary_version=request.canary_version,
+        step_percents=steps,
+        policy=policy,
+    )

@@ -3,7 +3,8 @@
 What it decides: only the wire behaviour — which message is read and written when, and how
 each domain exception becomes a status (:meth:`ControlService._fail`, the one place that maps
 them). Membership lives in :mod:`controller.fleet`, outcome evidence in
-:mod:`controller.outcomes`, history in :mod:`controller.store`.
+:mod:`controller.outcomes`, rollouts in :mod:`controller.rollouts`, history in
+:mod:`controller.store`.
 
 Authorization is not checked here: the host's :class:`common.auth.AuthPolicy` rejects a call
 before its handler runs, per :data:`common.auth.METHOD_ACCESS` — workers and gateways need the
@@ -16,12 +17,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, NoReturn
+from typing import NoReturn
 
 import grpc
 import grpc.aio
 
-from common.errors import Reason, RichError, abort, invalid_argument
+from common.errors import Reason, RichError, abort, invalid_argument, not_found_model
 from controller import drain_advice, rollout_requests
 from controller.convert import (
     WallClock,
@@ -31,11 +32,21 @@ from controller.convert import (
     rollout_to_pb,
     version_outcomes_to_pb,
 )
+from controller.drop_log import DropLog
 from controller.fleet import FleetManager, SessionEnd, WorkerSessionHandle
 from controller.metrics import ControllerMetrics
-from controller.outcomes import InvalidReport, OutcomeAggregator
+from controller.outcomes import OutcomeAggregator
 from controller.registry import InvalidDescriptor, UnknownMember
-from controller.store import ControllerStore
+from controller.rollouts import (
+    DecisionNotStored,
+    NoActiveRollout,
+    NoCanaryReplica,
+    NoStableVersion,
+    RolloutBusy,
+    RolloutManager,
+    UnknownModel,
+)
+from controller.store import ControllerStore, DecisionRecord
 from halcyon.v1 import control_pb2, control_pb2_grpc
 
 __all__ = ["SERVICE_NAME", "ControlService"]
@@ -56,15 +67,19 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         fleet: FleetManager,
         outcomes: OutcomeAggregator,
         store: ControllerStore,
+        rollouts: RolloutManager,
         metrics: ControllerMetrics,
         wall: WallClock,
+        drop_log: DropLog,
         coalesce_s: float = 0.01,
     ) -> None:
         self._fleet = fleet
         self._outcomes = outcomes
         self._store = store
+        self._rollouts = rollouts
         self._metrics = metrics
         self._wall = wall
+        self._drop_log = drop_log
         self._coalesce_s = coalesce_s
 
     # -- the one place exceptions become statuses ---------------------------------------------
@@ -75,10 +90,34 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             err = exc
         elif isinstance(exc, InvalidDescriptor):
             err = invalid_argument(f"register.{exc.field}", exc.description)
-        elif isinstance(exc, InvalidReport):
-            err = invalid_argument(exc.field, exc.description)
         elif isinstance(exc, UnknownMember):
             err = RichError(grpc.StatusCode.NOT_FOUND, str(exc), reason=Reason.UNKNOWN_REPLICA)
+        elif isinstance(exc, UnknownModel):
+            err = not_found_model(exc.model)
+            if exc.precondition:
+                err.code = grpc.StatusCode.FAILED_PRECONDITION
+            err.message = str(exc)
+        elif isinstance(exc, NoStableVersion):
+            err = _precondition(exc, Reason.NO_STABLE_VERSION, model=exc.model)
+        elif isinstance(exc, NoCanaryReplica):
+            err = _precondition(exc, Reason.NO_CANARY_REPLICA, model=exc.model, version=exc.version)
+        elif isinstance(exc, RolloutBusy):
+            err = _precondition(
+                exc,
+                Reason.ROLLOUT_CONFLICT,
+                model=exc.rollout.model,
+                rollout_id=str(exc.rollout.id),
+                canary_version=exc.rollout.canary_version,
+            )
+        elif isinstance(exc, NoActiveRollout):
+            err = _precondition(exc, Reason.NO_ACTIVE_ROLLOUT, model=exc.model)
+        elif isinstance(exc, DecisionNotStored):
+            err = RichError(
+                grpc.StatusCode.UNAVAILABLE,
+                str(exc),
+                reason=Reason.STORE_UNAVAILABLE,
+                retry_after_s=1.0,
+            )
         else:  # pragma: no cover - a bug; do not leak internals to the caller
             _log.exception("unexpected error in ControlService", exc_info=exc)
             err = RichError(grpc.StatusCode.INTERNAL, "internal error in the controller")
@@ -217,16 +256,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         received: int,
         context: grpc.aio.ServicerContext,
     ) -> int:
-        try:
-            by_kind = self._outcomes.ingest(report)
-        except InvalidReport as exc:
-            await self._fail(
-                context,
-                InvalidReport(
-                    exc.field, f"{exc.description} (report {received + 1} on this stream)"
-                ),
-            )
-        self._metrics.count_outcomes(by_kind)
+        # Never rejects: malformed items are dropped and counted, the rest is evidence.
+        result = self._outcomes.ingest(report)
+        self._metrics.count_outcomes(result.counted, result.dropped)
+        if result.dropped:
+            self._drop_log.record(report.gateway_id, result.dropped, result.problem)
         return 1
 
     # -- operator RPCs ------------------------------------------------------------------------
@@ -235,10 +269,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         self, request: control_pb2.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.GetStateResponse:
         rollouts = await asyncio.to_thread(self._store.list_rollouts)
+        latest = await asyncio.to_thread(self._store.latest_decisions)
         return control_pb2.GetStateResponse(
             replicas=[member_to_pb(m, self._wall) for m in self._fleet.registry.members()],
             routing=self._fleet.view.resolution().routes,
-            rollouts=[rollout_to_pb(r) for r in rollouts],
+            rollouts=[rollout_to_pb(r, latest.get(r.id)) for r in rollouts],
             gateways=[gateway_to_pb(g, self._wall) for g in self._outcomes.gateways()],
             outcomes=[version_outcomes_to_pb(w) for w in self._outcomes.windows()],
         )
@@ -277,34 +312,52 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         route = self._fleet.view.resolution().for_model(request.model)
         stable = route.stable_version if route is not None and route.stable_version else None
         try:
-            rollout_requests.validate_start(request, stable)
-        except RichError as exc:
+            start = rollout_requests.parse_start(request, stable)
+            record = await self._rollouts.start_rollout(start)
+            latest = await self._latest(record.id)
+        except Exception as exc:
             await self._fail(context, exc)
-        await self._fail(context, rollout_requests.not_implemented("StartRollout"))
+        return control_pb2.StartRolloutResponse(rollout=rollout_to_pb(record, latest))
 
     async def PromoteRollout(
         self, request: control_pb2.PromoteRolloutRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.PromoteRolloutResponse:
-        await self._model_then_unimplemented(request.model, "PromoteRollout", context)
+        try:
+            rollout_requests.validate_model(request.model)
+            record = await self._rollouts.promote(request.model)
+            latest = await self._latest(record.id)
+        except Exception as exc:
+            await self._fail(context, exc)
+        return control_pb2.PromoteRolloutResponse(rollout=rollout_to_pb(record, latest))
 
     async def AbortRollout(
         self, request: control_pb2.AbortRolloutRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.AbortRolloutResponse:
-        await self._model_then_unimplemented(request.model, "AbortRollout", context)
-
-    async def _model_then_unimplemented(
-        self, model: str, method: str, context: grpc.aio.ServicerContext
-    ) -> NoReturn:
         try:
-            rollout_requests.validate_model(model)
-        except RichError as exc:
+            rollout_requests.validate_model(request.model)
+            record = await self._rollouts.abort(request.model, request.reason.strip())
+            latest = await self._latest(record.id)
+        except Exception as exc:
             await self._fail(context, exc)
-        await self._fail(context, rollout_requests.not_implemented(method))
+        return control_pb2.AbortRolloutResponse(rollout=rollout_to_pb(record, latest))
+
+    async def _latest(self, rollout_id: int) -> DecisionRecord | None:
+        found = await asyncio.to_thread(self._store.list_decisions, rollout_id=rollout_id, limit=1)
+        return found[0] if found else None
+
+    async def _check_known(self, model: str) -> None:
+        """NOT_FOUND for a model named in a request that the controller has never heard of."""
+        if model and not await self._rollouts.knows_model(model):
+            raise UnknownModel(model)
 
     async def ListRolloutDecisions(
         self, request: control_pb2.ListRolloutDecisionsRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.ListRolloutDecisionsResponse:
         limit = min(request.limit or DEFAULT_DECISIONS, MAX_DECISIONS)
+        try:
+            await self._check_known(request.model)
+        except UnknownModel as exc:
+            await self._fail(context, exc)
         decisions = await asyncio.to_thread(
             self._store.list_decisions, request.model or None, limit=limit
         )
@@ -312,7 +365,54 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             decisions=[decision_to_pb(d) for d in decisions]
         )
 
-    async def WatchRolloutDecisions(  # type: ignore[override]  # only aborts, for now
+    async def WatchRolloutDecisions(  # type: ignore[override]  # writes via context.write
         self, request: control_pb2.WatchRolloutDecisionsRequest, context: grpc.aio.ServicerContext
-    ) -> Any:
-        await self._fail(context, rollout_requests.not_implemented("WatchRolloutDecisions"))
+    ) -> None:
+        try:
+            await self._check_known(request.model)
+        except UnknownModel as exc:
+            await self._fail(context, exc)
+        feed = self._rollouts.feed
+        if feed.closed:
+            await self._fail(context, self._shutting_down())
+        # Subscribe before reading the replay, then skip what the replay already sent: no
+        # decision can fall between the two, and none is sent twice.
+        with feed.subscribe(request.model or None) as subscription:
+            sent = 0
+            if request.replay:
+                replay = await asyncio.to_thread(
+                    self._store.list_decisions,
+                    request.model or None,
+                    limit=min(request.replay, MAX_DECISIONS),
+                )
+                for decision in replay:
+                    await context.write(_watch_item(decision))
+                    sent = decision.id
+            while True:
+                live = await subscription.next()
+                if live is None:
+                    break
+                if live.id > sent:
+                    await context.write(_watch_item(live))
+                    sent = live.id
+            if subscription.overflowed:
+                await self._fail(
+                    context,
+                    RichError(
+                        grpc.StatusCode.UNAVAILABLE,
+                        "this watcher fell too far behind the decision stream; watch again "
+                        "(with replay to catch up)",
+                        reason=Reason.OVERLOADED,
+                        retry_after_s=0.1,
+                    ),
+                )
+
+
+def _watch_item(decision: DecisionRecord) -> control_pb2.WatchRolloutDecisionsResponse:
+    return control_pb2.WatchRolloutDecisionsResponse(decision=decision_to_pb(decision))
+
+
+def _precondition(exc: Exception, reason: Reason, **metadata: str) -> RichError:
+    return RichError(
+        grpc.StatusCode.FAILED_PRECONDITION, str(exc), reason=reason, metadata=metadata
+    )

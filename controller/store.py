@@ -1,7 +1,8 @@
 """The controller's durable state: one SQLite file (stdlib ``sqlite3``, WAL journal).
 
-What it keeps: rollouts and every rollout decision with the arm metrics behind it (so "why did
-the canary roll back at 02:14?" has an answer after the fact, and rollouts survive a restart),
+What it keeps: rollouts and every rollout decision with the evidence behind it — arm metrics,
+test statistics, the reason in words — (so "why did the canary roll back at 02:14?" has an
+answer after the fact, and rollouts survive a restart),
 the persisted stable versions (see :mod:`controller.stable_versions`), and the fleet's history
 (replicas registered / expired / removed / drained, with wall-clock timestamps).
 
@@ -11,6 +12,12 @@ transaction together with the version bump, so a crash mid-migration leaves the 
 previous version and reopening finishes the job. Opening a file at the current version changes
 nothing; a file written by a newer Halcyon (a version this code does not know) is refused
 rather than misread.
+
+A rollout's state change, the decision that caused it and (for a promotion) the new stable
+version are written in one transaction (:meth:`ControllerStore.commit_decision`), so a crash
+never leaves a rollout at a step no stored decision explains. At most one rollout per model is
+``progressing``: a partial unique index enforces it, so two controllers sharing a file (or a
+race in one) cannot start two.
 
 Threading: every method is short and takes one lock, and the connection may be used from any
 thread, so async callers run writes via ``asyncio.to_thread`` (see
@@ -41,6 +48,7 @@ __all__ = [
     "DecisionRecord",
     "FleetEvent",
     "FleetEventKind",
+    "RolloutConflict",
     "RolloutRecord",
     "RolloutStatus",
     "StoreError",
@@ -49,6 +57,10 @@ __all__ = [
 
 class StoreError(RuntimeError):
     """The store file cannot be used (newer schema, corrupt, …)."""
+
+
+class RolloutConflict(ValueError):
+    """A model already has a progressing rollout."""
 
 
 class RolloutStatus(StrEnum):
@@ -128,6 +140,9 @@ class DecisionRecord:
     decided_at: float
     baseline: ArmSnapshot | None = None
     canary: ArmSnapshot | None = None
+    detail: str = ""
+    statistics: dict[str, float] = field(default_factory=dict)
+    needed_requests: int = 0
     id: int = 0
 
 
@@ -198,6 +213,14 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE INDEX decisions_by_model ON rollout_decisions(model, id)",
         "CREATE INDEX decisions_by_rollout ON rollout_decisions(rollout_id, id)",
         "CREATE INDEX fleet_events_by_replica ON fleet_events(replica_id, id)",
+    ),
+    # 3: the evidence behind a decision beyond the arm metrics; one running rollout per model.
+    (
+        "ALTER TABLE rollout_decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE rollout_decisions ADD COLUMN statistics TEXT NOT NULL DEFAULT '{}'",
+        "ALTER TABLE rollout_decisions ADD COLUMN needed_requests INTEGER NOT NULL DEFAULT 0",
+        "CREATE UNIQUE INDEX one_progressing_rollout_per_model ON rollouts(model) "
+        "WHERE state = 'progressing'",
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -341,28 +364,70 @@ class ControllerStore:
         )
 
     def insert_rollout(self, rollout: RolloutRecord) -> RolloutRecord:
-        """Store a new rollout; returns it with its assigned id."""
+        """Store a new rollout; returns it with its assigned id.
+
+        Raises :class:`RolloutConflict` if it is progressing and its model already has one.
+        """
         with self._transaction() as db:
+            return self._insert_rollout(db, rollout)
+
+    def _insert_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> RolloutRecord:
+        try:
             cur = db.execute(
                 "INSERT INTO rollouts (model, baseline_version, canary_version, step_percents, "
                 "step_index, canary_weight_bp, state, policy, started_at, updated_at) "
                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 self._rollout_row(rollout),
             )
-            assert cur.lastrowid is not None
-            return replace(rollout, id=int(cur.lastrowid))
+        except sqlite3.IntegrityError as exc:
+            raise RolloutConflict(
+                f"model {rollout.model!r} already has a progressing rollout"
+            ) from exc
+        assert cur.lastrowid is not None
+        return replace(rollout, id=int(cur.lastrowid))
+
+    def start_rollout(
+        self, rollout: RolloutRecord, decision: DecisionRecord
+    ) -> tuple[RolloutRecord, DecisionRecord]:
+        """Insert a rollout and its first decision (``rollout_id`` is filled in) atomically."""
+        with self._transaction() as db:
+            stored = self._insert_rollout(db, rollout)
+            first = self._insert_decision(db, replace(decision, rollout_id=stored.id))
+            return stored, first
+
+    def commit_decision(
+        self,
+        rollout: RolloutRecord,
+        decision: DecisionRecord,
+        stable: StableRecord | None = None,
+    ) -> DecisionRecord:
+        """The rollout as the decision leaves it, the decision, and a promotion's new stable
+        version, in one transaction; returns the decision with its id."""
+        with self._transaction() as db:
+            self._update_rollout(db, rollout)
+            if stable is not None:
+                self._upsert_stable(db, stable)
+            return self._insert_decision(db, decision)
 
     def update_rollout(self, rollout: RolloutRecord) -> None:
         """Overwrite a stored rollout (by id). Raises KeyError if there is none."""
         with self._transaction() as db:
+            self._update_rollout(db, rollout)
+
+    def _update_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> None:
+        try:
             cur = db.execute(
                 "UPDATE rollouts SET model = ?, baseline_version = ?, canary_version = ?, "
                 "step_percents = ?, step_index = ?, canary_weight_bp = ?, state = ?, policy = ?, "
                 "started_at = ?, updated_at = ? WHERE id = ?",
                 (*self._rollout_row(rollout), rollout.id),
             )
-            if cur.rowcount != 1:
-                raise KeyError(f"no rollout with id {rollout.id}")
+        except sqlite3.IntegrityError as exc:
+            raise RolloutConflict(
+                f"model {rollout.model!r} already has a progressing rollout"
+            ) from exc
+        if cur.rowcount != 1:
+            raise KeyError(f"no rollout with id {rollout.id}")
 
     def get_rollout(self, rollout_id: int) -> RolloutRecord | None:
         rows = self._query(
@@ -395,24 +460,34 @@ class ControllerStore:
     def insert_decision(self, decision: DecisionRecord) -> DecisionRecord:
         """Store a decision (its rollout must exist); returns it with its assigned id."""
         with self._transaction() as db:
-            cur = db.execute(
-                "INSERT INTO rollout_decisions (rollout_id, model, action, reason, from_percent, "
-                "to_percent, baseline_metrics, canary_metrics, decided_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    decision.rollout_id,
-                    decision.model,
-                    str(DecisionAction(decision.action)),
-                    decision.reason,
-                    decision.from_percent,
-                    decision.to_percent,
-                    decision.baseline.to_json() if decision.baseline else None,
-                    decision.canary.to_json() if decision.canary else None,
-                    decision.decided_at,
-                ),
-            )
-            assert cur.lastrowid is not None
-            return replace(decision, id=int(cur.lastrowid))
+            return self._insert_decision(db, decision)
+
+    @staticmethod
+    def _insert_decision(db: sqlite3.Connection, decision: DecisionRecord) -> DecisionRecord:
+        statistics = {k: float(v) for k, v in decision.statistics.items()}
+        cur = db.execute(
+            "INSERT INTO rollout_decisions (rollout_id, model, action, reason, from_percent, "
+            "to_percent, baseline_metrics, canary_metrics, decided_at, detail, statistics, "
+            "needed_requests) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                decision.rollout_id,
+                decision.model,
+                str(DecisionAction(decision.action)),
+                decision.reason,
+                decision.from_percent,
+                decision.to_percent,
+                decision.baseline.to_json() if decision.baseline else None,
+                decision.canary.to_json() if decision.canary else None,
+                decision.decided_at,
+                decision.detail,
+                # Non-finite statistics (an infinite likelihood ratio) are stored as JSON's
+                # extension tokens, which json.loads reads back.
+                json.dumps(statistics, sort_keys=True),
+                int(decision.needed_requests),
+            ),
+        )
+        assert cur.lastrowid is not None
+        return replace(decision, id=int(cur.lastrowid), statistics=statistics)
 
     def list_decisions(
         self, model: str | None = None, *, rollout_id: int | None = None, limit: int = 100
@@ -430,26 +505,51 @@ class ControllerStore:
             params.append(rollout_id)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
-            "SELECT id, rollout_id, model, action, reason, from_percent, to_percent, "
-            f"baseline_metrics, canary_metrics, decided_at FROM rollout_decisions{clause} "
+            f"SELECT {self._DECISION_COLUMNS} FROM rollout_decisions{clause} "
             "ORDER BY id DESC LIMIT ?",
             (*params, limit),
         )
-        return [
-            DecisionRecord(
-                id=int(r[0]),
-                rollout_id=int(r[1]),
-                model=r[2],
-                action=DecisionAction(r[3]),
-                reason=r[4],
-                from_percent=float(r[5]),
-                to_percent=float(r[6]),
-                baseline=ArmSnapshot.from_json(r[7]),
-                canary=ArmSnapshot.from_json(r[8]),
-                decided_at=float(r[9]),
-            )
-            for r in reversed(rows)
-        ]
+        return [self._decision_from(r) for r in reversed(rows)]
+
+    def latest_decisions(self) -> dict[int, DecisionRecord]:
+        """The latest decision of every rollout that has one, by rollout id."""
+        rows = self._query(
+            f"SELECT {self._DECISION_COLUMNS} FROM rollout_decisions WHERE id IN "
+            "(SELECT MAX(id) FROM rollout_decisions GROUP BY rollout_id)"
+        )
+        return {d.rollout_id: d for d in map(self._decision_from, rows)}
+
+    def has_model(self, model: str) -> bool:
+        """Whether the store knows ``model``: a rollout of it or a stable version for it."""
+        rows = self._query(
+            "SELECT EXISTS(SELECT 1 FROM rollouts WHERE model = ?) OR "
+            "EXISTS(SELECT 1 FROM stable_versions WHERE model = ?)",
+            (model, model),
+        )
+        return bool(rows[0][0])
+
+    _DECISION_COLUMNS = (
+        "id, rollout_id, model, action, reason, from_percent, to_percent, baseline_metrics, "
+        "canary_metrics, decided_at, detail, statistics, needed_requests"
+    )
+
+    @staticmethod
+    def _decision_from(r: tuple[Any, ...]) -> DecisionRecord:
+        return DecisionRecord(
+            id=int(r[0]),
+            rollout_id=int(r[1]),
+            model=r[2],
+            action=DecisionAction(r[3]),
+            reason=r[4],
+            from_percent=float(r[5]),
+            to_percent=float(r[6]),
+            baseline=ArmSnapshot.from_json(r[7]),
+            canary=ArmSnapshot.from_json(r[8]),
+            decided_at=float(r[9]),
+            detail=r[10],
+            statistics={str(k): float(v) for k, v in json.loads(r[11]).items()},
+            needed_requests=int(r[12]),
+        )
 
     # -- stable versions ----------------------------------------------------------------------
 
@@ -468,13 +568,17 @@ class ControllerStore:
             for model in rec.deletes:
                 db.execute("DELETE FROM stable_versions WHERE model = ?", (model,))
             for r in rec.upserts:
-                db.execute(
-                    "INSERT INTO stable_versions (model, version, source, config_version, "
-                    "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT(model) DO UPDATE SET "
-                    "version = excluded.version, source = excluded.source, "
-                    "config_version = excluded.config_version, updated_at = excluded.updated_at",
-                    (r.model, r.version, str(r.source), r.config_version, r.updated_at),
-                )
+                self._upsert_stable(db, r)
+
+    @staticmethod
+    def _upsert_stable(db: sqlite3.Connection, r: StableRecord) -> None:
+        db.execute(
+            "INSERT INTO stable_versions (model, version, source, config_version, "
+            "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT(model) DO UPDATE SET "
+            "version = excluded.version, source = excluded.source, "
+            "config_version = excluded.config_version, updated_at = excluded.updated_at",
+            (r.model, r.version, str(r.source), r.config_version, r.updated_at),
+        )
 
     # -- fleet events -------------------------------------------------------------------------
 

@@ -575,7 +575,9 @@ class GatewayApp:
                 f"traffic ({ticket.allowed} of {ticket.limit})",
                 ticket.retry_after_s,
             )
-            self._finish_unadmitted(valid.model, version, overloaded, series, tenant, valid)
+            # The gateway's own limit, shared by every version: evidence about the gateway, not
+            # about this request's version, so it is not reported as one (as with quota).
+            self._finish_unadmitted(valid.model, "", overloaded, series, tenant, valid)
             raise overloaded
 
         span_context: trace.SpanContext | None = None

@@ -2,7 +2,7 @@
 
 * ``WatchFleet`` (server stream): fleet snapshots in, applied as they arrive (the first of
   each stream marked as such, see :mod:`gateway.fleet_state`).
-* ``ReportOutcomes`` (client stream): request and batch outcomes out, flushed every second.
+* ``ReportOutcomes`` (client stream): request and batch outcomes out, one report a second.
 
 The data path never waits on either. If the controller goes away the gateway keeps serving
 on the last snapshot, outcome reports queue in a bounded buffer (oldest dropped first, and
@@ -11,6 +11,16 @@ unreachable controller is waited for by the channel (``wait_for_ready``; connect
 at most a second apart), so a restarted one is resubscribed to within about a second; the
 backoff is for refusals. A stream that ended after delivering snapshots is resubscribed after
 the first, short backoff step.
+
+Outcome reports are the evidence canaries are judged on, so a report is only forgotten once
+the controller has acknowledged it: each second's report is sent with the ones still unsent in
+one ``ReportOutcomes`` call, and the response's ``reports_received`` says how many arrived (a
+controller shutting down ends the call early with an honest count). A failed call is logged
+and its reports stay queued for the next attempt — delivery is at least once: a connection
+lost after the controller counted a report but before it answered makes it count again on
+resend, which is rare and far better than losing every outcome of an outage. Outcomes without
+a version (no fleet snapshot yet, or a model with no stable version) are not evidence for any
+version and are not recorded.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 
 import grpc
 
@@ -33,6 +43,7 @@ from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 log = logging.getLogger("halcyon.gateway.controller_link")
 
 MAX_BUFFERED_OUTCOMES = 50_000
+REPORT_TIMEOUT_S = 5.0
 
 # (model, version, replica id, RequestOutcomeKind, latency seconds)
 OutcomeRecord = tuple[str, str, str, int, float]
@@ -60,6 +71,12 @@ class ControllerLink:
         self._requests: deque[OutcomeRecord] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self._batches: deque[control_pb2.BatchOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self.dropped_outcomes = 0
+        # Outcomes with no version: not recorded (they are evidence for no version).
+        self.unversioned_outcomes = 0
+        # Built reports the controller has not acknowledged yet, oldest first.
+        self._unsent: deque[control_pb2.ReportOutcomesRequest] = deque()
+        self._send_lock = asyncio.Lock()
+        self._report_failures = 0
         self.connected = False
         self._next_attempt_at: float | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -70,6 +87,9 @@ class ControllerLink:
     def record_request(
         self, model: str, version: str, replica_id: str, kind: int, latency_s: float
     ) -> None:
+        if not version:
+            self.unversioned_outcomes += 1
+            return
         if len(self._requests) == self._requests.maxlen:
             self.dropped_outcomes += 1
         self._requests.append((model, version, replica_id, kind, latency_s))
@@ -89,7 +109,7 @@ class ControllerLink:
     async def stop(self, flush: bool = True) -> None:
         if flush:
             # One last report so the controller sees the outcomes of a draining gateway.
-            with contextlib.suppress(TimeoutError, grpc.aio.AioRpcError):
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._send_once(), timeout=1.0)
         for t in self._tasks:
             t.cancel()
@@ -174,25 +194,63 @@ class ControllerLink:
         self._batches.clear()
         return report
 
-    async def _reports(self) -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
-        while True:
-            yield self._drain_buffers()
-            await asyncio.sleep(self._interval)
+    @staticmethod
+    def _items(report: control_pb2.ReportOutcomesRequest) -> int:
+        return len(report.requests) + len(report.batches)
+
+    def _queue_report(self) -> None:
+        """Move everything recorded into a report behind the unsent ones; keep the queue within
+        MAX_BUFFERED_OUTCOMES outcomes by dropping the oldest reports (counted)."""
+        self._unsent.append(self._drain_buffers())
+        total = sum(self._items(r) for r in self._unsent)
+        while len(self._unsent) > 1 and total > MAX_BUFFERED_OUTCOMES:
+            oldest = self._unsent.popleft()
+            total -= self._items(oldest)
+            self.dropped_outcomes += self._items(oldest)
+        # A status-only report is worth sending once: the newest one supersedes it.
+        kept = [r for r in list(self._unsent)[:-1] if self._items(r)]
+        self._unsent = deque([*kept, self._unsent[-1]])
+
+    async def _send_once(self) -> bool:
+        """Send this second's report and every unsent one; True if all were acknowledged."""
+        async with self._send_lock:
+            self._queue_report()
+            pending = list(self._unsent)
+            outcomes = sum(self._items(r) for r in pending)
+            try:
+                response = await self._stub.ReportOutcomes(
+                    iter(pending), metadata=self._metadata, timeout=REPORT_TIMEOUT_S
+                )
+            except grpc.aio.AioRpcError as err:
+                self._report_failures += 1
+                # Loud once per outage, quiet while it lasts.
+                level = logging.WARNING if self._report_failures == 1 else logging.DEBUG
+                log.log(
+                    level,
+                    "cannot report outcomes to the controller; keeping them to resend",
+                    extra={"code": err.code().name, "detail": err.details(),
+                           "reports_queued": len(pending), "outcomes_queued": outcomes},
+                )  # fmt: skip
+                return False
+            received: int = min(int(response.reports_received), len(pending))
+            for _ in range(received):
+                self._unsent.popleft()
+            if self._report_failures:
+                log.info(
+                    "outcome reports delivered again",
+                    extra={"failed_attempts": self._report_failures, "reports": received},
+                )
+                self._report_failures = 0
+            return received == len(pending)
 
     async def _report_forever(self) -> None:
         attempt = 0
         while True:
-            try:
-                await self._stub.ReportOutcomes(self._reports(), metadata=self._metadata)
+            if await self._send_once():
                 attempt = 0
-            except grpc.aio.AioRpcError:
-                await asyncio.sleep(self._backoff.delay(attempt, self._rng.random()))
+                await asyncio.sleep(self._interval)
+            else:
+                # Retry no later than the next report would go anyway.
+                delay = self._backoff.delay(attempt, self._rng.random())
+                await asyncio.sleep(min(delay, self._interval))
                 attempt += 1
-
-    async def _send_once(self) -> None:
-        report = self._drain_buffers()
-
-        async def one() -> AsyncIterator[control_pb2.ReportOutcomesRequest]:
-            yield report
-
-        await self._stub.ReportOutcomes(one(), metadata=self._metadata)

@@ -33,8 +33,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "gateway": ("gateway.main", "run a gateway (InferService)"),
     "worker": ("worker.main", "run a worker replica on a simulated device (WorkerService)"),
     "stack": ("halcyon.stack", "run controller, gateway and a heterogeneous fleet on loopback"),
-    "bench": ("bench.cli", "seeded discrete-event benchmarks (batching, fleet, herd)"),
+    "bench": ("bench.cli", "seeded discrete-event benchmarks (batching, fleet, herd, rollout)"),
     "loadtest": ("halcyon.loadtest", "drive real load at a running gateway and report"),
+    "rollout": ("halcyon.rollout", "ship a new model version: start, status, watch, verify, …"),
 }
 
 

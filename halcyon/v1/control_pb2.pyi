@@ -80,7 +80,7 @@ class ModelRouting(_message.Message):
     def __init__(self, model: _Optional[str] = ..., stable_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., canary_weight_bp: _Optional[int] = ...) -> None: ...
 
 class RolloutPolicy(_message.Message):
-    __slots__ = ("window", "min_requests", "max_error_rate_increase", "max_error_rate_ratio", "max_p95_ratio", "healthy_windows_to_advance", "unhealthy_windows_to_rollback")
+    __slots__ = ("window", "min_requests", "max_error_rate_increase", "max_error_rate_ratio", "max_p95_ratio", "healthy_windows_to_advance", "unhealthy_windows_to_rollback", "max_duration", "false_alarm_rate")
     WINDOW_FIELD_NUMBER: _ClassVar[int]
     MIN_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     MAX_ERROR_RATE_INCREASE_FIELD_NUMBER: _ClassVar[int]
@@ -88,6 +88,8 @@ class RolloutPolicy(_message.Message):
     MAX_P95_RATIO_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_WINDOWS_TO_ADVANCE_FIELD_NUMBER: _ClassVar[int]
     UNHEALTHY_WINDOWS_TO_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    MAX_DURATION_FIELD_NUMBER: _ClassVar[int]
+    FALSE_ALARM_RATE_FIELD_NUMBER: _ClassVar[int]
     window: _duration_pb2.Duration
     min_requests: int
     max_error_rate_increase: float
@@ -95,10 +97,12 @@ class RolloutPolicy(_message.Message):
     max_p95_ratio: float
     healthy_windows_to_advance: int
     unhealthy_windows_to_rollback: int
-    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_requests: _Optional[int] = ..., max_error_rate_increase: _Optional[float] = ..., max_error_rate_ratio: _Optional[float] = ..., max_p95_ratio: _Optional[float] = ..., healthy_windows_to_advance: _Optional[int] = ..., unhealthy_windows_to_rollback: _Optional[int] = ...) -> None: ...
+    max_duration: _duration_pb2.Duration
+    false_alarm_rate: float
+    def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_requests: _Optional[int] = ..., max_error_rate_increase: _Optional[float] = ..., max_error_rate_ratio: _Optional[float] = ..., max_p95_ratio: _Optional[float] = ..., healthy_windows_to_advance: _Optional[int] = ..., unhealthy_windows_to_rollback: _Optional[int] = ..., max_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., false_alarm_rate: _Optional[float] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("id", "model", "baseline_version", "canary_version", "step_percents", "step_index", "canary_weight_bp", "state", "policy", "started_at", "updated_at")
+    __slots__ = ("id", "model", "baseline_version", "canary_version", "step_percents", "step_index", "canary_weight_bp", "state", "policy", "started_at", "updated_at", "last_decision")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -110,6 +114,7 @@ class Rollout(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
+    LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
     id: int
     model: str
     baseline_version: str
@@ -121,7 +126,8 @@ class Rollout(_message.Message):
     policy: RolloutPolicy
     started_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[int] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., step_index: _Optional[int] = ..., canary_weight_bp: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    last_decision: RolloutDecision
+    def __init__(self, id: _Optional[int] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., step_index: _Optional[int] = ..., canary_weight_bp: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
 
 class ArmMetrics(_message.Message):
     __slots__ = ("version", "requests", "errors", "shed", "error_rate", "p50", "p95")
@@ -142,7 +148,14 @@ class ArmMetrics(_message.Message):
     def __init__(self, version: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., error_rate: _Optional[float] = ..., p50: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., p95: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RolloutDecision(_message.Message):
-    __slots__ = ("id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent", "baseline", "canary", "decided_at")
+    __slots__ = ("id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent", "baseline", "canary", "decided_at", "detail", "statistics", "needed_requests")
+    class StatisticsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ID_FIELD_NUMBER: _ClassVar[int]
     ROLLOUT_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
@@ -153,6 +166,9 @@ class RolloutDecision(_message.Message):
     BASELINE_FIELD_NUMBER: _ClassVar[int]
     CANARY_FIELD_NUMBER: _ClassVar[int]
     DECIDED_AT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    STATISTICS_FIELD_NUMBER: _ClassVar[int]
+    NEEDED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     id: int
     rollout_id: int
     model: str
@@ -163,7 +179,10 @@ class RolloutDecision(_message.Message):
     baseline: ArmMetrics
     canary: ArmMetrics
     decided_at: _timestamp_pb2.Timestamp
-    def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+    detail: str
+    statistics: _containers.ScalarMap[str, float]
+    needed_requests: int
+    def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., statistics: _Optional[_Mapping[str, float]] = ..., needed_requests: _Optional[int] = ...) -> None: ...
 
 class GatewayStatus(_message.Message):
     __slots__ = ("gateway_id", "last_report_at", "concurrency_limit", "inflight", "cost_models")
@@ -264,10 +283,12 @@ class ListRolloutDecisionsResponse(_message.Message):
     def __init__(self, decisions: _Optional[_Iterable[_Union[RolloutDecision, _Mapping]]] = ...) -> None: ...
 
 class WatchRolloutDecisionsRequest(_message.Message):
-    __slots__ = ("model",)
+    __slots__ = ("model", "replay")
     MODEL_FIELD_NUMBER: _ClassVar[int]
+    REPLAY_FIELD_NUMBER: _ClassVar[int]
     model: str
-    def __init__(self, model: _Optional[str] = ...) -> None: ...
+    replay: int
+    def __init__(self, model: _Optional[str] = ..., replay: _Optional[int] = ...) -> None: ...
 
 class WatchRolloutDecisionsResponse(_message.Message):
     __slots__ = ("decision",)

@@ -116,36 +116,40 @@ class ControlServiceServicer:
 
     def StartRollout(self, request, context):
         """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-        offending field (for example a step outside (0, 100) or steps not increasing);
-        FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
+        offending field (for example a step outside (0, 100], steps not increasing, 100 before the
+        last step); FAILED_PRECONDITION when the model is unknown, has no stable version, or the
+        canary version has no live replica (ErrorInfo says which); FAILED_PRECONDITION /
+        ROLLOUT_CONFLICT when a rollout for the model is already running.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def PromoteRollout(self, request, context):
-        """PromoteRollout makes the canary the stable version now.
+        """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
+        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def AbortRollout(self, request, context):
-        """AbortRollout sends all traffic back to the baseline now.
+        """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def ListRolloutDecisions(self, request, context):
-        """ListRolloutDecisions returns stored decisions, newest last, with the metrics behind each.
+        """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
+        NOT_FOUND for a model the controller has never heard of.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def WatchRolloutDecisions(self, request, context):
-        """WatchRolloutDecisions streams decisions as they are taken.
+        """WatchRolloutDecisions streams every decision as it is taken, with its evidence.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -45,17 +45,23 @@ class ControlServiceStub:
     """
     StartRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.StartRolloutRequest, _control_pb2.StartRolloutResponse]
     """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-    offending field (for example a step outside (0, 100) or steps not increasing);
-    FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
+    offending field (for example a step outside (0, 100], steps not increasing, 100 before the
+    last step); FAILED_PRECONDITION when the model is unknown, has no stable version, or the
+    canary version has no live replica (ErrorInfo says which); FAILED_PRECONDITION /
+    ROLLOUT_CONFLICT when a rollout for the model is already running.
     """
     PromoteRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]
-    """PromoteRollout makes the canary the stable version now."""
+    """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
+    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+    """
     AbortRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.AbortRolloutRequest, _control_pb2.AbortRolloutResponse]
-    """AbortRollout sends all traffic back to the baseline now."""
+    """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
     ListRolloutDecisions: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListRolloutDecisionsRequest, _control_pb2.ListRolloutDecisionsResponse]
-    """ListRolloutDecisions returns stored decisions, newest last, with the metrics behind each."""
+    """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
+    NOT_FOUND for a model the controller has never heard of.
+    """
     WatchRolloutDecisions: _grpc.UnaryStreamMultiCallable[_control_pb2.WatchRolloutDecisionsRequest, _control_pb2.WatchRolloutDecisionsResponse]
-    """WatchRolloutDecisions streams decisions as they are taken."""
+    """WatchRolloutDecisions streams every decision as it is taken, with its evidence."""
     DrainReplica: _grpc.UnaryUnaryMultiCallable[_control_pb2.DrainReplicaRequest, _control_pb2.DrainReplicaResponse]
     """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
     once, its in-flight batches finish, and it stays registered, idle and reported as
@@ -98,17 +104,23 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     StartRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.StartRolloutRequest, _control_pb2.StartRolloutResponse]  # type: ignore[assignment]
     """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-    offending field (for example a step outside (0, 100) or steps not increasing);
-    FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
+    offending field (for example a step outside (0, 100], steps not increasing, 100 before the
+    last step); FAILED_PRECONDITION when the model is unknown, has no stable version, or the
+    canary version has no live replica (ErrorInfo says which); FAILED_PRECONDITION /
+    ROLLOUT_CONFLICT when a rollout for the model is already running.
     """
     PromoteRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]  # type: ignore[assignment]
-    """PromoteRollout makes the canary the stable version now."""
+    """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
+    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+    """
     AbortRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.AbortRolloutRequest, _control_pb2.AbortRolloutResponse]  # type: ignore[assignment]
-    """AbortRollout sends all traffic back to the baseline now."""
+    """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
     ListRolloutDecisions: _aio.UnaryUnaryMultiCallable[_control_pb2.ListRolloutDecisionsRequest, _control_pb2.ListRolloutDecisionsResponse]  # type: ignore[assignment]
-    """ListRolloutDecisions returns stored decisions, newest last, with the metrics behind each."""
+    """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
+    NOT_FOUND for a model the controller has never heard of.
+    """
     WatchRolloutDecisions: _aio.UnaryStreamMultiCallable[_control_pb2.WatchRolloutDecisionsRequest, _control_pb2.WatchRolloutDecisionsResponse]  # type: ignore[assignment]
-    """WatchRolloutDecisions streams decisions as they are taken."""
+    """WatchRolloutDecisions streams every decision as it is taken, with its evidence."""
     DrainReplica: _aio.UnaryUnaryMultiCallable[_control_pb2.DrainReplicaRequest, _control_pb2.DrainReplicaResponse]  # type: ignore[assignment]
     """DrainReplica asks a replica to drain (operator action): gateways stop sending it work at
     once, its in-flight batches finish, and it stays registered, idle and reported as
@@ -160,8 +172,10 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.StartRolloutResponse, _abc.Awaitable[_control_pb2.StartRolloutResponse]]:
         """StartRollout begins a progressive rollout of a canary version. INVALID_ARGUMENT names the
-        offending field (for example a step outside (0, 100) or steps not increasing);
-        FAILED_PRECONDITION / ROLLOUT_CONFLICT when a rollout for the model is already running.
+        offending field (for example a step outside (0, 100], steps not increasing, 100 before the
+        last step); FAILED_PRECONDITION when the model is unknown, has no stable version, or the
+        canary version has no live replica (ErrorInfo says which); FAILED_PRECONDITION /
+        ROLLOUT_CONFLICT when a rollout for the model is already running.
         """
 
     @_abc_1.abstractmethod
@@ -170,7 +184,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.PromoteRolloutRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.PromoteRolloutResponse, _abc.Awaitable[_control_pb2.PromoteRolloutResponse]]:
-        """PromoteRollout makes the canary the stable version now."""
+        """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
+        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+        """
 
     @_abc_1.abstractmethod
     def AbortRollout(
@@ -178,7 +194,7 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.AbortRolloutRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.AbortRolloutResponse, _abc.Awaitable[_control_pb2.AbortRolloutResponse]]:
-        """AbortRollout sends all traffic back to the baseline now."""
+        """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
 
     @_abc_1.abstractmethod
     def ListRolloutDecisions(
@@ -186,7 +202,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.ListRolloutDecisionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.ListRolloutDecisionsResponse, _abc.Awaitable[_control_pb2.ListRolloutDecisionsResponse]]:
-        """ListRolloutDecisions returns stored decisions, newest last, with the metrics behind each."""
+        """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
+        NOT_FOUND for a model the controller has never heard of.
+        """
 
     @_abc_1.abstractmethod
     def WatchRolloutDecisions(
@@ -194,7 +212,7 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         request: _control_pb2.WatchRolloutDecisionsRequest,
         context: _ServicerContext,
     ) -> _typing.Union[_abc.Iterator[_control_pb2.WatchRolloutDecisionsResponse], _abc.AsyncIterator[_control_pb2.WatchRolloutDecisionsResponse]]:
-        """WatchRolloutDecisions streams decisions as they are taken."""
+        """WatchRolloutDecisions streams every decision as it is taken, with its evidence."""
 
     @_abc_1.abstractmethod
     def DrainReplica(

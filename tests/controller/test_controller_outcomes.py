@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from common.clock import ManualClock
 from common.durations import to_duration as duration
-from controller.outcomes import InvalidReport, OutcomeAggregator
+from controller.outcomes import OutcomeAggregator
 from halcyon.v1 import control_pb2, fleet_pb2
 
 K = control_pb2.RequestOutcomeKind
@@ -55,7 +55,8 @@ def test_counts_each_request_once_by_kind(agg: OutcomeAggregator) -> None:
             outcome(K.REQUEST_OUTCOME_KIND_SHED, 0.0),
         )
     )
-    assert counted == {"ok": 2, "late": 1, "error": 8, "shed": 1}
+    assert counted.counted == {"ok": 2, "late": 1, "error": 8, "shed": 1}
+    assert counted.dropped == {} and counted.problem is None
     w = agg.window("m", "v1")
     assert (w.ok, w.late, w.error, w.shed, w.requests) == (2, 1, 8, 1, 12)
     assert w.error_rate == pytest.approx(9 / 12)
@@ -136,26 +137,86 @@ def test_gateway_status_latest_and_forgotten_when_silent(
 
 
 @pytest.mark.parametrize(
-    ("bad", "field"),
+    ("bad", "reason", "field"),
     [
-        (report(gateway=""), "gateway_id"),
-        (report(outcome(K.REQUEST_OUTCOME_KIND_OK, model="")), "requests[0].model"),
-        (report(outcome(K.REQUEST_OUTCOME_KIND_OK, version="")), "requests[0].version"),
+        (outcome(K.REQUEST_OUTCOME_KIND_OK, model=""), "missing_model", "requests[1].model"),
+        (outcome(K.REQUEST_OUTCOME_KIND_OK, version=""), "missing_version", "requests[1].version"),
+        (outcome(K.REQUEST_OUTCOME_KIND_UNSPECIFIED), "invalid_kind", "requests[1].kind"),
         (
-            report(outcome(K.REQUEST_OUTCOME_KIND_OK), outcome(K.REQUEST_OUTCOME_KIND_UNSPECIFIED)),
-            "requests[1].kind",
+            outcome(K.REQUEST_OUTCOME_KIND_OK, latency_s=-1.0),
+            "invalid_latency",
+            "requests[1].latency",
         ),
-        (report(outcome(K.REQUEST_OUTCOME_KIND_OK, latency_s=-1.0)), "requests[0].latency"),
-        (report(batches=[control_pb2.BatchOutcome(model="m")]), "batches[0].version"),
     ],
 )
-def test_malformed_report_counts_nothing(
-    agg: OutcomeAggregator, bad: control_pb2.ReportOutcomesRequest, field: str
+def test_a_malformed_outcome_is_dropped_and_the_rest_counted(
+    agg: OutcomeAggregator, bad: control_pb2.RequestOutcome, reason: str, field: str
 ) -> None:
-    with pytest.raises(InvalidReport) as info:
-        agg.ingest(bad)
-    assert info.value.field == field
-    assert agg.windows() == [] and agg.gateways() == [] and agg.reports_total == 0
+    good = outcome(K.REQUEST_OUTCOME_KIND_OK, 0.01)
+    result = agg.ingest(
+        report(good, bad, outcome(K.REQUEST_OUTCOME_KIND_ERROR, 0.0), concurrency_limit=9)
+    )
+    assert result.dropped == {reason: 1}
+    assert result.problem is not None and result.problem.startswith(f"{field}:")
+    assert result.counted == {"ok": 1, "late": 0, "error": 1, "shed": 0}
+    w = agg.window("m", "v1")
+    assert (w.ok, w.error) == (1, 1)
+    assert [g.concurrency_limit for g in agg.gateways()] == [9]
+    assert agg.reports_total == 1 and agg.dropped_outcomes == 1
+
+
+def test_a_malformed_batch_is_dropped_and_the_rest_counted(agg: OutcomeAggregator) -> None:
+    result = agg.ingest(
+        report(
+            outcome(K.REQUEST_OUTCOME_KIND_OK),
+            batches=[
+                control_pb2.BatchOutcome(model="m"),
+                control_pb2.BatchOutcome(model="m", version="v1", size=3, ok=False),
+            ],
+        )
+    )
+    assert result.dropped == {"missing_version": 1}
+    assert result.problem == "batches[0].version: must not be empty"
+    w = agg.window("m", "v1")
+    assert (w.ok, w.batches, w.failed_batches) == (1, 1, 1)
+
+
+def test_a_report_without_gateway_id_still_counts_its_outcomes(agg: OutcomeAggregator) -> None:
+    result = agg.ingest(report(outcome(K.REQUEST_OUTCOME_KIND_OK), gateway=""))
+    assert result.counted["ok"] == 1 and result.dropped == {}
+    assert agg.window("m", "v1").ok == 1
+    assert agg.gateways() == []
+
+
+class _Tap:
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, int, float]] = []
+        self.batches: list[tuple[str, str, int, bool]] = []
+
+    def record(self, model: str, version: str, kind: int, latency_s: float) -> None:
+        self.requests.append((model, version, kind, latency_s))
+
+    def record_batch(self, model: str, version: str, size: int, ok: bool) -> None:
+        self.batches.append((model, version, size, ok))
+
+
+def test_the_tap_sees_every_valid_item_even_beyond_the_series_cap(clock: ManualClock) -> None:
+    tap = _Tap()
+    agg = OutcomeAggregator(clock, max_series=1, tap=tap)
+    agg.ingest(
+        report(
+            outcome(K.REQUEST_OUTCOME_KIND_OK, 0.5, model="a"),
+            outcome(K.REQUEST_OUTCOME_KIND_OK, model=""),
+            outcome(K.REQUEST_OUTCOME_KIND_SHED, 0.0, model="b"),
+            batches=[control_pb2.BatchOutcome(model="b", version="v1", size=4, ok=False)],
+        )
+    )
+    assert tap.requests == [
+        ("a", "v1", K.REQUEST_OUTCOME_KIND_OK, pytest.approx(0.5)),
+        ("b", "v1", K.REQUEST_OUTCOME_KIND_SHED, 0.0),
+    ]
+    assert tap.batches == [("b", "v1", 4, False)]
+    assert [w.model for w in agg.windows()] == ["a"]
 
 
 def test_series_are_capped(clock: ManualClock) -> None:

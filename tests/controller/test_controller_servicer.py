@@ -4,156 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import time
-import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import grpc
 import grpc.aio
 import pytest
+from controller_helpers import (
+    FLEET,
+    OPERATOR,
+    TIMEOUT,
+    StackFactory,
+    descriptor,
+    ids,
+    register,
+    rpc_error,
+    snapshot_where,
+    stream_end,
+    wait_until,
+)
 
-from common.auth import AuthPolicy, bearer_metadata
+from common.auth import bearer_metadata
 from common.durations import to_duration as duration
-from common.errors import Reason, RichError, parse_rpc_error
-from common.serving import ServiceHost, ServingOptions
-from controller.app import Controller, ControllerConfig
+from common.errors import Reason
 from controller.store import DecisionAction, DecisionRecord, FleetEventKind, RolloutRecord
 from controller.store import RolloutStatus as StoreRolloutStatus
-from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
-
-FLEET_TOKEN = "test-fleet-token"
-OPERATOR_TOKEN = "test-operator-token"
-FLEET = bearer_metadata(FLEET_TOKEN)
-OPERATOR = bearer_metadata(OPERATOR_TOKEN)
-TIMEOUT = 5.0
-
-
-@dataclass
-class Stack:
-    host: ServiceHost
-    controller: Controller
-    channel: grpc.aio.Channel
-    stub: control_pb2_grpc.ControlServiceStub
-
-    def metric(self, name: str, **labels: str) -> float | None:
-        value = self.host.registry.get_sample_value(name, labels)
-        return None if value is None else float(value)
-
-
-StackFactory = Callable[..., Awaitable[Stack]]
-
-
-@pytest.fixture
-async def start_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
-    started: list[Stack] = []
-
-    async def start(
-        lease_ttl_s: float = 5.0, heartbeat_interval_s: float = 1.0, warm_up_s: float | None = None
-    ) -> Stack:
-        auth = AuthPolicy(fleet_token=FLEET_TOKEN, operator_token=OPERATOR_TOKEN)
-        host = ServiceHost(
-            "controller",
-            ServingOptions(listen="127.0.0.1:0", metrics_listen=None, grace_s=1.0),
-            auth,
-        )
-        config = ControllerConfig(
-            db_path=tmp_path / f"c{len(started)}.sqlite",
-            stable={"resnet": "v1"},
-            lease_ttl_s=lease_ttl_s,
-            heartbeat_interval_s=heartbeat_interval_s,
-            coalesce_s=0.0,
-            warm_up_s=warm_up_s,
-        )
-        controller = await Controller.open(config, metrics_registry=host.registry)
-        controller.add_to(host)
-        await host.start()
-        controller.start()
-        host.set_ready(True)
-        channel = grpc.aio.insecure_channel(host.grpc_address)
-        stack = Stack(host, controller, channel, control_pb2_grpc.ControlServiceStub(channel))
-        started.append(stack)
-        return stack
-
-    yield start
-    for stack in started:
-        await stack.controller.shutdown()
-        await stack.host.stop(0.5)
-        await stack.controller.close()
-        await stack.channel.close()
-
-
-def descriptor(
-    replica_id: str = "r1", version: str = "v1", model: str = "resnet", **kw: Any
-) -> Any:
-    fields: dict[str, Any] = {
-        "replica_id": replica_id,
-        "address": f"127.0.0.1:{6000 + zlib.crc32(replica_id.encode()) % 1000}",
-        "model": model,
-        "version": version,
-        "hardware": "a10g",
-        "slots": 2,
-        "speed": 1.0,
-    }
-    return fleet_pb2.ReplicaDescriptor(**{**fields, **kw})
-
-
-async def register(
-    stack: Stack, replica_id: str = "r1", **kw: Any
-) -> tuple[Any, control_pb2.Lease]:
-    call = stack.stub.WorkerSession(metadata=FLEET)
-    await call.write(control_pb2.WorkerSessionRequest(register=descriptor(replica_id, **kw)))
-    first = await asyncio.wait_for(call.read(), TIMEOUT)
-    assert first.WhichOneof("kind") == "lease"
-    return call, first.lease
-
-
-async def snapshot_where(
-    watch: Any, predicate: Callable[[control_pb2.WatchFleetResponse], bool]
-) -> control_pb2.WatchFleetResponse:
-    deadline = time.monotonic() + TIMEOUT
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError("no snapshot satisfied the condition in time")
-        snap: control_pb2.WatchFleetResponse = await asyncio.wait_for(watch.read(), remaining)
-        assert snap is not grpc.aio.EOF, "WatchFleet ended"
-        if predicate(snap):
-            return snap
-
-
-def ids(snap: control_pb2.WatchFleetResponse) -> set[str]:
-    return {m.replica.replica_id for m in snap.replicas}
-
-
-async def rpc_error(awaitable: Awaitable[Any]) -> RichError:
-    with pytest.raises(grpc.aio.AioRpcError) as info:
-        await awaitable
-    return parse_rpc_error(info.value)
-
-
-async def stream_end(call: Any) -> grpc.StatusCode:
-    """Read a stream until it ends; its final status code."""
-    deadline = time.monotonic() + TIMEOUT
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            assert remaining > 0, "the stream did not end in time"
-            if await asyncio.wait_for(call.read(), remaining) is grpc.aio.EOF:
-                break
-    except grpc.aio.AioRpcError as err:
-        return err.code()
-    code: grpc.StatusCode = await call.code()
-    return code
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)
-
+from halcyon.v1 import control_pb2, fleet_pb2
 
 # -- membership -------------------------------------------------------------------------------
 
@@ -455,7 +330,23 @@ async def test_undrain_replica_sends_an_undrain_command(start_stack: StackFactor
         ({"model": "resnet", "canary_version": "v2", "step_percents": [5, 1]}, "step_percents"),
         ({"model": "resnet", "canary_version": "v2", "step_percents": [5, 5]}, "step_percents"),
         ({"model": "resnet", "canary_version": "v2", "step_percents": [0]}, "step_percents"),
-        ({"model": "resnet", "canary_version": "v2", "step_percents": [50, 100]}, "step_percents"),
+        ({"model": "resnet", "canary_version": "v2", "step_percents": [100]}, "step_percents"),
+        (
+            {"model": "resnet", "canary_version": "v2", "step_percents": [5, 100, 50]},
+            "step_percents",
+        ),
+        (
+            {"model": "resnet", "canary_version": "v2", "policy": {"false_alarm_rate": 1.5}},
+            "policy.false_alarm_rate",
+        ),
+        (
+            {"model": "resnet", "canary_version": "v2", "policy": {"max_error_rate_ratio": 0.5}},
+            "policy.max_error_rate_ratio",
+        ),
+        (
+            {"model": "resnet", "canary_version": "v2", "policy": {"max_duration": duration(-5)}},
+            "policy.max_duration",
+        ),
         ({"model": "resnet", "canary_version": "v2", "step_percents": [-1]}, "step_percents"),
         (
             {"model": "resnet", "canary_version": "v2", "policy": {"max_p95_ratio": -1}},
@@ -478,46 +369,6 @@ async def test_start_rollout_rejects_invalid_fields(
     )
     assert err.code == grpc.StatusCode.INVALID_ARGUMENT
     assert [v.field for v in err.field_violations] == [field]
-
-
-async def test_rollout_rpcs_are_honestly_unimplemented(start_stack: StackFactory) -> None:
-    stack = await start_stack()
-    calls: list[Awaitable[Any]] = [
-        stack.stub.StartRollout(
-            control_pb2.StartRolloutRequest(
-                model="resnet", canary_version="v2", step_percents=[1, 5, 25, 50]
-            ),
-            metadata=OPERATOR,
-        ),
-        stack.stub.StartRollout(
-            control_pb2.StartRolloutRequest(model="resnet", canary_version="v2"), metadata=OPERATOR
-        ),
-        stack.stub.PromoteRollout(
-            control_pb2.PromoteRolloutRequest(model="resnet"), metadata=OPERATOR
-        ),
-        stack.stub.AbortRollout(control_pb2.AbortRolloutRequest(model="resnet"), metadata=OPERATOR),
-        stack.stub.WatchRolloutDecisions(
-            control_pb2.WatchRolloutDecisionsRequest(), metadata=OPERATOR
-        ).read(),
-    ]
-    for awaitable in calls:
-        err = await rpc_error(awaitable)
-        assert err.code == grpc.StatusCode.UNIMPLEMENTED
-        assert err.reason == Reason.NOT_IMPLEMENTED
-        assert "rollout controller" in err.message
-    for empty in (
-        stack.stub.PromoteRollout(control_pb2.PromoteRolloutRequest(), metadata=OPERATOR),
-        stack.stub.AbortRollout(control_pb2.AbortRolloutRequest(), metadata=OPERATOR),
-    ):
-        err = await rpc_error(empty)
-        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
-        assert [v.field for v in err.field_violations] == ["model"]
-    err = await rpc_error(
-        stack.stub.StartRollout(
-            control_pb2.StartRolloutRequest(model="resnet", canary_version="v2")
-        )
-    )
-    assert err.code == grpc.StatusCode.UNAUTHENTICATED
 
 
 async def test_list_rollout_decisions_returns_what_the_store_holds(
@@ -607,13 +458,23 @@ async def test_report_outcomes_show_up_in_getstate(start_stack: StackFactory) ->
     assert outcomes.metrics.error_rate == 0.5
     assert abs(outcomes.metrics.p95.ToNanoseconds() / 1e9 - 0.02) < 0.001
 
-    bad = control_pb2.ReportOutcomesRequest(
+    # One malformed item costs only itself: the stream is not rejected, the good outcomes of
+    # the same report count, and the drop is counted by reason.
+    mixed = control_pb2.ReportOutcomesRequest(
         gateway_id="gw-7",
-        requests=[control_pb2.RequestOutcome(model="resnet", version="v1")],
+        requests=[
+            control_pb2.RequestOutcome(model="resnet", version="v1"),  # no kind
+            control_pb2.RequestOutcome(model="resnet", kind=K.REQUEST_OUTCOME_KIND_OK),
+            control_pb2.RequestOutcome(
+                model="resnet", version="v1", kind=K.REQUEST_OUTCOME_KIND_OK, latency=duration(0.02)
+            ),
+        ],
     )
-    err = await rpc_error(stack.stub.ReportOutcomes(iter([bad]), metadata=FLEET))
-    assert err.code == grpc.StatusCode.INVALID_ARGUMENT
-    assert [v.field for v in err.field_violations] == ["requests[0].kind"]
+    resp = await stack.stub.ReportOutcomes(iter([mixed]), metadata=FLEET)
+    assert resp.reports_received == 1
+    assert stack.controller.outcomes.window("resnet", "v1").ok == 4
+    assert stack.metric("halcyon_controller_dropped_outcomes_total", reason="invalid_kind") == 1
+    assert stack.metric("halcyon_controller_dropped_outcomes_total", reason="missing_version") == 1
     err = await rpc_error(stack.stub.ReportOutcomes(iter(reports()), metadata=OPERATOR))
     assert err.code == grpc.StatusCode.PERMISSION_DENIED
 

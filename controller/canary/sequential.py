@@ -1,0 +1,214 @@
+"""Sequential tests: roll a clearly bad canary back as soon as the evidence proves it.
+
+What it decides: whether the evidence of the current step already *proves*, at a stated
+false-alarm rate, that the canary breaks a guard — checked on every tick, not at the end of a
+window. Three anytime-valid tests share the step's false-alarm budget ``alpha`` (ADR 0008):
+
+* **error rate** (half of ``alpha``): two confidence sequences from the beta-binomial mixture
+  (:mod:`controller.canary.stats`). The baseline's upper bound ``U`` (a tenth of that half; the
+  baseline has most of the traffic, so its bound is tight anyway) turns into the tolerated
+  limit ``max(U + increase, U × ratio)``; the canary is rolled back when its own confidence
+  sequence lies entirely above that limit. If the canary is within tolerance, both sequences
+  cover their true rates at every moment with probability ``1 − half of alpha``, and then the
+  canary's lower end can never exceed the limit — so the test fires with at most that chance.
+* **p95** (a quarter): each canary latency above ``max_p95_ratio × baseline p95`` (the
+  baseline's p95 so far in this step) is a Bernoulli "exceedance". A canary whose p95 is within
+  the ratio exceeds with probability at most 5 %; the mixture test of "rate ≤ 5 %" rejects
+  when the exceedance rate is proven above it.
+* **rank** (a quarter): each canary latency becomes its mid-rank position among the baseline's
+  latencies so far, a value in [0, 1] whose mean is the common-language effect. A test by
+  betting rejects "mean ≤ 0.5 + rank_min_effect" — a canary proven materially slower.
+
+The two latency tests compare with a *sample* of the baseline (bounded, see
+:class:`~controller.canary.evidence.DecimatingSample`); canary latencies wait (in a bounded
+buffer) until that sample holds 512 latencies, so their guarantee holds up to the sample's
+error, which the tolerances (1.2× on p95, a 5-point effect margin) dwarf.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from controller.canary.evidence import ArmAccumulator
+from controller.canary.model import ArmEvidence, JudgePolicy, error_limit
+from controller.canary.stats import (
+    BettingEProcess,
+    bernoulli_upper_bound,
+    odds_log_evidence,
+    sorted_quantile,
+)
+
+__all__ = ["SequentialBreach", "SequentialTests", "step_alpha"]
+
+FloatArray = npt.NDArray[np.float64]
+
+_ERROR_SHARE = 0.5
+_P95_SHARE = 0.25
+_RANK_SHARE = 0.25
+_BASELINE_SHARE = 0.1  # of the error test's budget, for the baseline's upper bound
+_EXCEEDANCE_RATE = 0.05  # a p95 is the latency 5 % of requests exceed
+# Baseline latencies needed before canary latencies are ranked against them: the rank of a
+# canary latency among n baseline ones errs by ~sqrt(1/(6n)) on average, 0.018 at 512 — a
+# third of the default 0.05 effect margin.
+_REFERENCE_MIN = 512
+
+
+def step_alpha(false_alarm_rate: float, step_index: int, step_count: int) -> float:
+    """The false-alarm budget of one step: half for the first, half of the rest for the next...
+
+    A bad canary is caught at the first step, so that step gets the most; the last step takes
+    what is left, so the budgets sum to exactly ``false_alarm_rate`` over the rollout.
+    """
+    if step_index >= step_count - 1:
+        return false_alarm_rate * 0.5 ** (step_count - 1)
+    return false_alarm_rate * 0.5 ** (step_index + 1)
+
+
+@dataclass(frozen=True)
+class SequentialBreach:
+    """A test that fired: its reason token, a sentence, and its statistics."""
+
+    reason: str
+    detail: str
+    statistics: dict[str, float] = field(default_factory=dict)
+
+
+class SequentialTests:
+    """The three tests over one step's evidence."""
+
+    def __init__(self, policy: JudgePolicy, alpha: float) -> None:
+        self.policy = policy
+        self.alpha = alpha
+        self.baseline = ArmAccumulator(policy.max_samples_per_arm)
+        self.canary = ArmAccumulator(policy.max_samples_per_arm)
+        err_alpha = alpha * _ERROR_SHARE
+        self._log_base_bound = math.log(1.0 / (err_alpha * _BASELINE_SHARE))
+        self._log_canary_bound = math.log(1.0 / (err_alpha * (1.0 - _BASELINE_SHARE)))
+        self._log_p95_bound = math.log(1.0 / (alpha * _P95_SHARE))
+        self._log_rank_bound = math.log(1.0 / (alpha * _RANK_SHARE))
+        self._exceed = 0
+        self._exceed_trials = 0
+        self._rank = BettingEProcess(0.5 + policy.rank_min_effect)
+        # Canary latencies wait (bounded) until the baseline sample they are ranked against is
+        # big enough that its own error is small beside the tolerances (see the docstring).
+        self._reference_min = min(
+            max(policy.min_requests, _REFERENCE_MIN), policy.max_samples_per_arm // 2
+        )
+        self._pending: list[FloatArray] = []
+        self._pending_count = 0
+        self._dirty = False
+
+    def observe(
+        self,
+        baseline: ArmEvidence,
+        canary: ArmEvidence,
+        baseline_latencies: FloatArray,
+        canary_latencies: FloatArray,
+    ) -> None:
+        self.baseline.add(baseline, baseline_latencies)
+        self.canary.add(canary, canary_latencies)
+        self._dirty = True
+        if canary_latencies.size and self._pending_count < self.policy.max_samples_per_arm:
+            self._pending.append(canary_latencies)
+            self._pending_count += int(canary_latencies.size)
+        reference = self.baseline.sample.values()  # kept sorted
+        if not self._pending or reference.size < self._reference_min:
+            return
+        latencies = np.concatenate(self._pending)
+        self._pending, self._pending_count = [], 0
+        p95 = sorted_quantile(reference, 1.0 - _EXCEEDANCE_RATE)
+        self._exceed += int(np.count_nonzero(latencies > self.policy.max_p95_ratio * p95))
+        self._exceed_trials += int(latencies.size)
+        left = np.searchsorted(reference, latencies, side="left")
+        right = np.searchsorted(reference, latencies, side="right")
+        self._rank.update((left + right) / (2.0 * reference.size))
+
+    def check(self) -> SequentialBreach | None:
+        """The first test whose evidence crossed its bound, if any (cheap when nothing new)."""
+        if not self._dirty:
+            return None
+        self._dirty = False
+        return self._check_errors() or self._check_p95() or self._check_rank()
+
+    def _check_errors(self) -> SequentialBreach | None:
+        b, c = self.baseline, self.canary
+        if c.requests == 0 or b.requests == 0:
+            return None
+        # The evidence falls as the limit rises and the limit rises with the baseline's
+        # bound, which is at least its observed rate: if the observed rate's limit is not
+        # enough, the bound's is not either (and costs a bisection to find).
+        if (
+            odds_log_evidence(c.failures, c.requests, error_limit(b.error_rate, self.policy))
+            < self._log_canary_bound
+        ):
+            return None
+        upper = bernoulli_upper_bound(b.failures, b.requests, self._log_base_bound)
+        limit = error_limit(upper, self.policy)
+        log_e = odds_log_evidence(c.failures, c.requests, limit)
+        if log_e < self._log_canary_bound:
+            return None
+        return SequentialBreach(
+            reason="error_rate",
+            detail=(
+                f"canary failed {c.failures} of {c.requests} requests "
+                f"({100 * c.error_rate:.2f}%): proven above the {100 * limit:.2f}% limit "
+                f"(baseline at most {100 * upper:.2f}%) with evidence "
+                f"{math.exp(min(log_e, 700.0)):.3g} against a bound of "
+                f"{math.exp(self._log_canary_bound):.3g}"
+            ),
+            statistics={
+                "error_log_e": log_e,
+                "error_log_bound": self._log_canary_bound,
+                "error_limit": limit,
+                "baseline_error_upper": upper,
+                "alpha": self.alpha,
+            },
+        )
+
+    def _check_p95(self) -> SequentialBreach | None:
+        k, n = self._exceed, self._exceed_trials
+        if n == 0:
+            return None
+        log_e = odds_log_evidence(k, n, _EXCEEDANCE_RATE)
+        if log_e < self._log_p95_bound:
+            return None
+        return SequentialBreach(
+            reason="latency",
+            detail=(
+                f"{k} of {n} canary requests ({100 * k / n:.1f}%) were slower than "
+                f"{self.policy.max_p95_ratio:g}x the baseline p95: the canary's p95 is proven "
+                f"above the limit (evidence {math.exp(min(log_e, 700.0)):.3g} against a bound "
+                f"of {math.exp(self._log_p95_bound):.3g})"
+            ),
+            statistics={
+                "p95_log_e": log_e,
+                "p95_log_bound": self._log_p95_bound,
+                "p95_exceedance": k / n,
+                "alpha": self.alpha,
+            },
+        )
+
+    def _check_rank(self) -> SequentialBreach | None:
+        log_e = self._rank.log_e_value
+        if log_e < self._log_rank_bound:
+            return None
+        m0 = self._rank.m0
+        return SequentialBreach(
+            reason="latency_rank",
+            detail=(
+                f"over {self._rank.count} canary requests the canary is proven slower than "
+                f"the baseline more than {100 * m0:.0f}% of the time (evidence "
+                f"{math.exp(min(log_e, 700.0)):.3g} against a bound of "
+                f"{math.exp(self._log_rank_bound):.3g})"
+            ),
+            statistics={
+                "rank_log_e": log_e,
+                "rank_log_bound": self._log_rank_bound,
+                "common_language_mean": self._rank.mean,
+                "alpha": self.alpha,
+            },
+        )

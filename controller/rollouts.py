@@ -1,0 +1,585 @@
+"""The rollout controller: the asyncio shell around the pure canary judge.
+
+What it decides: when the judge looks, what it is shown, and what each decision does to the
+world. Per running rollout it owns a :class:`controller.canary.RolloutRun`; about once a second
+(``tick_s``) it hands the run the per-arm outcome deltas collected since the previous look
+(:class:`controller.rollout_evidence.RolloutEvidence`) and asks it for a decision. A decision is
+applied in this order:
+
+1. **stored** — the rollout's new step, weight and state, the decision with its evidence and
+   (for a promotion) the new stable version, in one SQLite transaction;
+2. **routed** — the canary weight set in the routing table (or the canary cleared, or made
+   stable), and the fleet republished, so every gateway has it in the next WatchFleet push;
+3. **streamed** — to every ``WatchRolloutDecisions`` watcher.
+
+Storing first means the store never lags what gateways were told: after a crash the controller
+resumes from exactly what was last routed. If the write fails, nothing is routed and the run is
+rebuilt from the stored state (as after a restart), so memory and disk never disagree.
+
+Resume (ADR 0009): at start every ``progressing`` rollout is re-armed at its stored step and
+weight before the first fleet snapshot is served, with fresh evidence (windows and streaks
+restart; the evidence from before the crash is gone with the process). The time limit keeps
+counting from the rollout's original start. A rollout whose baseline is no longer the model's
+stable version (configuration changed while the controller was down) is aborted, because its
+comparison no longer means anything.
+
+Operator promote and abort act at once, through the same store-route-stream path. One asyncio
+lock serialises every change, so an abort cannot interleave with a judge decision. The judge is
+pure and takes readings of the injected clock; the wall clock only stamps stored records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+
+from common.clock import Clock
+from controller.canary import (
+    ArmSummary,
+    Decision,
+    JudgePolicy,
+    RolloutAction,
+    RolloutRun,
+    normalize_steps,
+)
+from controller.convert import WallClock
+from controller.decision_feed import DecisionFeed
+from controller.fleet_view import FleetView
+from controller.metrics import ControllerMetrics
+from controller.registry import FleetRegistry
+from controller.rollout_evidence import RolloutEvidence
+from controller.rollout_policy import policy_from_dict, policy_to_dict
+from controller.routing_table import MAX_WEIGHT_BP, RoutingTable
+from controller.stable_versions import StableRecord, StableSource
+from controller.store import (
+    ArmSnapshot,
+    ControllerStore,
+    DecisionAction,
+    DecisionRecord,
+    RolloutConflict,
+    RolloutRecord,
+    RolloutStatus,
+)
+
+__all__ = [
+    "DecisionNotStored",
+    "NoActiveRollout",
+    "NoCanaryReplica",
+    "NoStableVersion",
+    "RolloutBusy",
+    "RolloutManager",
+    "StartRequest",
+    "UnknownModel",
+]
+
+_log = logging.getLogger("halcyon.controller.rollouts")
+
+_ACTION = {
+    RolloutAction.ADVANCE: DecisionAction.ADVANCE,
+    RolloutAction.HOLD: DecisionAction.HOLD,
+    RolloutAction.ROLLBACK: DecisionAction.ROLLBACK,
+    RolloutAction.PROMOTE: DecisionAction.PROMOTE,
+}
+_STATE_AFTER = {
+    RolloutAction.ROLLBACK: RolloutStatus.ROLLED_BACK,
+    RolloutAction.PROMOTE: RolloutStatus.PROMOTED,
+}
+
+
+# -- what can go wrong (the servicer maps these to statuses) -----------------------------------
+
+
+class UnknownModel(LookupError):
+    """No replica, configuration or rollout has ever named the model.
+
+    ``precondition``: raised by a start, where the model is a precondition of the rollout
+    rather than the thing looked up.
+    """
+
+    def __init__(self, model: str, *, precondition: bool = False) -> None:
+        super().__init__(
+            f"model {model!r} is unknown to the controller: no replica serves it, no stable "
+            "version is configured for it and it has no rollout history"
+        )
+        self.model = model
+        self.precondition = precondition
+
+
+class NoStableVersion(LookupError):
+    """The model has no stable version to compare a canary against."""
+
+    def __init__(self, model: str, versions: tuple[str, ...]) -> None:
+        listed = ", ".join(versions) or "none"
+        super().__init__(
+            f"model {model!r} has no stable version (registered versions: {listed}); "
+            f"configure one with --stable {model}=VERSION before rolling out a canary"
+        )
+        self.model = model
+
+
+class NoCanaryReplica(LookupError):
+    """The canary version has no live replica to send traffic to."""
+
+    def __init__(self, model: str, version: str) -> None:
+        super().__init__(
+            f"version {version!r} of model {model!r} has no live replica; start a worker "
+            f"with --model {model} --version {version} and wait for it to register"
+        )
+        self.model = model
+        self.version = version
+
+
+class RolloutBusy(RuntimeError):
+    """The model already has a running rollout."""
+
+    def __init__(self, rollout: RolloutRecord) -> None:
+        super().__init__(
+            f"model {rollout.model!r} already has a running rollout (id {rollout.id}: "
+            f"{rollout.canary_version} against {rollout.baseline_version}); promote or abort it "
+            "first"
+        )
+        self.rollout = rollout
+
+
+class NoActiveRollout(LookupError):
+    """Promote or abort named a model with no running rollout."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(f"model {model!r} has no running rollout")
+        self.model = model
+
+
+class DecisionNotStored(RuntimeError):
+    """The store refused an operator's decision; nothing changed, the caller may retry."""
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A validated StartRollout: steps as typed (normalized here), the effective policy."""
+
+    model: str
+    canary_version: str
+    step_percents: tuple[float, ...]
+    policy: JudgePolicy
+
+
+@dataclass
+class _Active:
+    record: RolloutRecord
+    run: RolloutRun
+
+
+def _snapshot(version: str, arm: ArmSummary) -> ArmSnapshot:
+    return ArmSnapshot(
+        version=version,
+        requests=arm.requests,
+        errors=arm.errors,
+        shed=arm.shed,
+        error_rate=arm.error_rate,
+        p50_s=arm.p50_s,
+        p95_s=arm.p95_s,
+    )
+
+
+class RolloutManager:
+    """Runs every active rollout: judge ticks, decisions stored, routed and streamed."""
+
+    def __init__(
+        self,
+        *,
+        store: ControllerStore,
+        routing: RoutingTable,
+        registry: FleetRegistry,
+        view: FleetView,
+        publish: Callable[[], None],
+        evidence: RolloutEvidence,
+        metrics: ControllerMetrics,
+        clock: Clock,
+        wall: WallClock,
+        configured_stable: Mapping[str, str],
+        tick_s: float = 1.0,
+    ) -> None:
+        if not tick_s > 0.0:
+            raise ValueError("tick_s must be positive")
+        self._store = store
+        self._routing = routing
+        self._registry = registry
+        self._view = view
+        self._publish = publish
+        self.evidence = evidence
+        self._metrics = metrics
+        self._clock = clock
+        self._wall = wall
+        self._configured = dict(configured_stable)
+        self.tick_s = tick_s
+        self.feed = DecisionFeed()
+        self._active: dict[str, _Active] = {}
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def active(self, model: str) -> RolloutRecord | None:
+        """The running rollout of ``model``, as last stored."""
+        found = self._active.get(model)
+        return None if found is None else found.record
+
+    def active_models(self) -> list[str]:
+        return sorted(self._active)
+
+    async def knows_model(self, model: str) -> bool:
+        """Whether a replica, the configuration, the routing table or the store names it."""
+        if self._view.resolution().for_model(model) is not None:
+            return True
+        return await asyncio.to_thread(self._store.has_model, model)
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def resume(self) -> list[RolloutRecord]:
+        """Re-arm every stored progressing rollout (before serving); returns those resumed."""
+        stored = await asyncio.to_thread(
+            self._store.list_rollouts, states=[RolloutStatus.PROGRESSING]
+        )
+        resumed = []
+        async with self._lock:
+            for record in stored:
+                stable = self._routing.configured_stable(record.model)
+                if stable != record.baseline_version:
+                    await self._finish_stale(record, stable)
+                    continue
+                try:
+                    run = self._rebuild_run(record)
+                except ValueError as exc:
+                    await self._finish_stale(record, stable, str(exc))
+                    continue
+                self._arm(record, run)
+                decision = self._decision(
+                    record,
+                    DecisionAction.HOLD,
+                    "resumed",
+                    "the controller restarted; resuming at step "
+                    f"{record.step_index + 1} of {len(record.step_percents)} "
+                    f"({run.canary_percent:g}%) with fresh evidence",
+                    run.canary_percent,
+                    run.canary_percent,
+                )
+                stored_decision = await asyncio.to_thread(self._store.insert_decision, decision)
+                self.feed.publish(stored_decision)
+                resumed.append(record)
+                _log.info(
+                    "rollout resumed",
+                    extra={"model": record.model, "rollout_id": record.id,
+                           "canary": record.canary_version, "percent": run.canary_percent},
+                )  # fmt: skip
+        if resumed:
+            self._publish()
+        return resumed
+
+    def _rebuild_run(self, record: RolloutRecord) -> RolloutRun:
+        """A run at the record's step; the time limit counts from the original start."""
+        now = self._clock.now()
+        elapsed = max(0.0, self._wall.now() - record.started_at)
+        return RolloutRun(
+            steps=normalize_steps(record.step_percents),
+            policy=policy_from_dict(record.policy),
+            started_at=now - elapsed,
+            step_index=record.step_index,
+            resumed_at=now,
+        )
+
+    async def _finish_stale(
+        self, record: RolloutRecord, stable: str | None, problem: str | None = None
+    ) -> None:
+        detail = problem or (
+            f"the stable version of {record.model!r} is now {stable or 'unset'}, not the "
+            f"rollout's baseline {record.baseline_version}; its comparison no longer holds"
+        )
+        percent = record.canary_weight_bp / 100.0
+        decision = self._decision(
+            record, DecisionAction.ABORT, "baseline_changed", detail, percent, 0.0
+        )
+        finished = replace(
+            record, state=RolloutStatus.ABORTED, canary_weight_bp=0, updated_at=self._wall.now()
+        )
+        stored = await asyncio.to_thread(self._store.commit_decision, finished, decision)
+        self.feed.publish(stored)
+        _log.warning("rollout not resumed", extra={"model": record.model, "detail": detail})
+
+    def start(self) -> None:
+        """Start judging (inside the running loop)."""
+        if self._task is None:
+            self._task = asyncio.create_task(self._tick_forever(), name="rollout-judge")
+
+    async def close(self) -> None:
+        """Stop judging and end every decision stream (before the server stops)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self.feed.close()
+
+    async def _tick_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.tick_s)
+            try:
+                await self.tick()
+            except Exception:  # one bad tick must not stop every rollout for good
+                _log.exception("rollout tick failed")
+
+    # -- the judge ----------------------------------------------------------------------------
+
+    async def tick(self) -> list[DecisionRecord]:
+        """Show every running rollout its new evidence; apply what the judge decides."""
+        taken = []
+        async with self._lock:
+            for model in list(self._active):
+                active = self._active[model]
+                baseline, canary = self.evidence.take(model)
+                now = self._clock.now()
+                active.run.observe(baseline, canary, now)
+                decision = active.run.tick(now)
+                if decision is not None:
+                    stored = await self._apply(active, decision)
+                    if stored is not None:
+                        taken.append(stored)
+        return taken
+
+    async def _apply(self, active: _Active, decision: Decision) -> DecisionRecord | None:
+        record, run = active.record, active.run
+        action = _ACTION[decision.action]
+        state = _STATE_AFTER.get(decision.action, RolloutStatus.PROGRESSING)
+        weight = {
+            RolloutStatus.PROGRESSING: run.weight_bp,
+            RolloutStatus.PROMOTED: MAX_WEIGHT_BP,
+            RolloutStatus.ROLLED_BACK: 0,
+        }[state]
+        updated = replace(
+            record,
+            step_index=run.step_index,
+            canary_weight_bp=weight,
+            state=state,
+            updated_at=self._wall.now(),
+        )
+        row = replace(
+            self._decision(
+                record,
+                action,
+                decision.reason,
+                decision.detail,
+                decision.from_percent,
+                decision.to_percent,
+            ),
+            decided_at=updated.updated_at,
+            baseline=_snapshot(record.baseline_version, decision.baseline),
+            canary=_snapshot(record.canary_version, decision.canary),
+            statistics=dict(decision.statistics),
+            needed_requests=decision.needed_requests,
+        )
+        return await self._commit(active, updated, row)
+
+    async def _commit(
+        self, active: _Active, updated: RolloutRecord, row: DecisionRecord
+    ) -> DecisionRecord | None:
+        """Store, then route, then stream one decision (the caller holds the lock)."""
+        model = updated.model
+        promoted = updated.state is RolloutStatus.PROMOTED
+        stable = (
+            StableRecord(
+                model=model,
+                version=updated.canary_version,
+                source=StableSource.PROMOTION,
+                config_version=self._configured.get(model),
+                updated_at=updated.updated_at,
+            )
+            if promoted
+            else None
+        )
+        try:
+            stored = await asyncio.to_thread(self._store.commit_decision, updated, row, stable)
+        except Exception:
+            _log.exception(
+                "cannot store a rollout decision; nothing routed, the rollout continues from "
+                "its stored state",
+                extra={"model": model, "action": str(row.action), "reason": row.reason},
+            )
+            with contextlib.suppress(ValueError):
+                active.run = self._rebuild_run(active.record)
+            return None
+        active.record = updated
+        if updated.state is RolloutStatus.PROGRESSING:
+            self._routing.set_canary(model, updated.canary_version, updated.canary_weight_bp)
+        else:
+            del self._active[model]
+            self.evidence.unwatch(model)
+            if promoted:
+                self._routing.set_stable(model, updated.canary_version)
+            else:
+                self._routing.clear_canary(model)
+        self._publish()
+        self._metrics.rollout_decisions.labels(action=str(row.action)).inc()
+        running = updated.state is RolloutStatus.PROGRESSING
+        self._metrics.set_rollout(model, updated.canary_weight_bp if running else None,
+                                  len(self._active))  # fmt: skip
+        self.feed.publish(stored)
+        _log.info(
+            "rollout decision",
+            extra={"model": model, "rollout_id": updated.id, "action": str(row.action),
+                   "reason": row.reason, "from_percent": row.from_percent,
+                   "to_percent": row.to_percent, "detail": row.detail},
+        )  # fmt: skip
+        return stored
+
+    # -- operator actions ---------------------------------------------------------------------
+
+    async def start_rollout(self, request: StartRequest) -> RolloutRecord:
+        """Start a rollout; raises UnknownModel, NoStableVersion, NoCanaryReplica, RolloutBusy."""
+        model, canary = request.model, request.canary_version
+        async with self._lock:
+            route = self._view.resolution().for_model(model)
+            if route is None and not await self.knows_model(model):
+                raise UnknownModel(model, precondition=True)
+            if route is None or not route.stable_version:
+                versions = tuple(sorted(self._registry.versions_by_model().get(model, ())))
+                raise NoStableVersion(model, versions)
+            # With the canary registered, a model has a stable version only if one is
+            # configured or was promoted (never "the only version registered"), so the
+            # baseline is persisted already and survives a restart.
+            baseline = route.stable_version
+            if not self._live_replicas(model, canary):
+                raise NoCanaryReplica(model, canary)
+            running = self._active.get(model)
+            if running is not None:
+                raise RolloutBusy(running.record)
+            now = self._clock.now()
+            run = RolloutRun(
+                steps=normalize_steps(request.step_percents),
+                policy=request.policy,
+                started_at=now,
+            )
+            wall_now = self._wall.now()
+            record = RolloutRecord(
+                model=model,
+                baseline_version=baseline,
+                canary_version=canary,
+                step_percents=tuple(normalize_steps(request.step_percents)),
+                state=RolloutStatus.PROGRESSING,
+                started_at=wall_now,
+                updated_at=wall_now,
+                step_index=run.step_index,
+                canary_weight_bp=run.weight_bp,
+                policy=policy_to_dict(request.policy),
+            )
+            first = self._decision(
+                record,
+                DecisionAction.START,
+                "started",
+                f"{canary} against {baseline}: steps "
+                f"{', '.join(f'{p:g}' for p in record.step_percents)} % then promote; "
+                f"{run.canary_percent:g}% of sessions now go to {canary}",
+                0.0,
+                run.canary_percent,
+            )
+            try:
+                record, stored = await asyncio.to_thread(self._store.start_rollout, record, first)
+            except RolloutConflict:
+                # Another controller on the same store file got there first.
+                others = await asyncio.to_thread(
+                    self._store.list_rollouts, model, [RolloutStatus.PROGRESSING]
+                )
+                raise RolloutBusy(others[0] if others else record) from None
+            self._arm(record, run)
+            self._publish()
+            self._metrics.rollout_decisions.labels(action=str(DecisionAction.START)).inc()
+            self.feed.publish(stored)
+        _log.info(
+            "rollout started",
+            extra={"model": model, "rollout_id": record.id, "canary": canary,
+                   "baseline": baseline, "steps": list(record.step_percents)},
+        )  # fmt: skip
+        return record
+
+    def _arm(self, record: RolloutRecord, run: RolloutRun) -> None:
+        self._active[record.model] = _Active(record, run)
+        self.evidence.watch(record.model, record.baseline_version, record.canary_version)
+        self._routing.set_canary(record.model, record.canary_version, record.canary_weight_bp)
+        self._metrics.set_rollout(record.model, record.canary_weight_bp, len(self._active))
+
+    def _live_replicas(self, model: str, version: str) -> int:
+        return sum(
+            1
+            for m in self._registry.members()
+            if m.descriptor.model == model and m.descriptor.version == version and not m.draining
+        )
+
+    async def promote(self, model: str) -> RolloutRecord:
+        """Make the canary stable now (operator); raises NoActiveRollout / UnknownModel."""
+        return await self._operator(model, RolloutStatus.PROMOTED, "operator", "")
+
+    async def abort(self, model: str, why: str) -> RolloutRecord:
+        """Send all traffic back to the baseline now (operator)."""
+        return await self._operator(model, RolloutStatus.ABORTED, "operator", why)
+
+    async def _operator(
+        self, model: str, state: RolloutStatus, reason: str, why: str
+    ) -> RolloutRecord:
+        async with self._lock:
+            active = self._active.get(model)
+            if active is None:
+                if not await self.knows_model(model):
+                    raise UnknownModel(model)
+                raise NoActiveRollout(model)
+            record = active.record
+            percent = record.canary_weight_bp / 100.0
+            promote = state is RolloutStatus.PROMOTED
+            detail = (
+                f"an operator promoted {record.canary_version} from {percent:g}%"
+                if promote
+                else f"an operator aborted the rollout at {percent:g}%"
+                + (f": {why}" if why else "")
+            )
+            updated = replace(
+                record,
+                state=state,
+                canary_weight_bp=MAX_WEIGHT_BP if promote else 0,
+                updated_at=self._wall.now(),
+            )
+            row = self._decision(
+                record,
+                DecisionAction.PROMOTE if promote else DecisionAction.ABORT,
+                reason,
+                detail,
+                percent,
+                100.0 if promote else 0.0,
+            )
+            row = replace(row, decided_at=updated.updated_at)
+            if await self._commit(active, updated, row) is None:
+                raise DecisionNotStored(
+                    f"the controller could not store the decision for {model!r}; "
+                    "nothing changed, try again"
+                )
+            return updated
+
+    def _decision(
+        self,
+        record: RolloutRecord,
+        action: DecisionAction,
+        reason: str,
+        detail: str,
+        from_percent: float,
+        to_percent: float,
+    ) -> DecisionRecord:
+        """A decision, stamped now, without evidence (start, resume, operator actions)."""
+        return DecisionRecord(
+            rollout_id=record.id,
+            model=record.model,
+            action=action,
+            reason=reason,
+            detail=detail,
+            from_percent=from_percent,
+            to_percent=to_percent,
+            decided_at=self._wall.now(),
+        )

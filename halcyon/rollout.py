@@ -1,0 +1,617 @@
+"""``halcyon rollout``: ship a new model version from the command line.
+
+What it decides: how an operator drives the rollout RPCs — ``start``, ``status``, ``promote``,
+``abort``, ``history``, ``watch`` and ``verify`` (:mod:`halcyon.rollout_verify`) — and how the
+answers read: aligned tables by default, ``--json`` for scripts (one object; ``watch`` prints
+one object per line as decisions arrive). Every failure is one line on stderr — the status, the
+``ErrorInfo`` reason and the controller's message, which says what to do — and a non-zero exit
+(1), never a traceback. ``watch --until-done`` and ``start --watch`` exit 0 when the canary is
+promoted and 3 when it is rolled back or aborted, so a deploy script can branch on the outcome.
+
+The operator credential comes from ``--operator-token-file PATH`` or ``$HALCYON_OPERATOR_TOKEN``
+(there is deliberately no flag that takes the secret itself: command lines are visible to every
+user of the machine); with neither, the insecure dev token, with a warning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+
+from common.argtypes import hostport, positive, probability
+from common.auth import bearer_metadata
+from common.credentials import DEV_OPERATOR_TOKEN, OPERATOR_TOKEN_ENV
+from common.durations import to_duration, to_seconds
+from common.errors import RichError, parse_rpc_error
+from controller.canary import JudgePolicy
+from halcyon.v1 import control_pb2, control_pb2_grpc
+
+__all__ = [
+    "ACTION_NAMES",
+    "EXIT_NOT_PROMOTED",
+    "CliError",
+    "Console",
+    "configure",
+    "count_at_least",
+    "decision_row",
+    "parse_steps",
+    "read_secret",
+    "run",
+    "stream_header",
+    "stream_row",
+]
+
+DEFAULT_CONTROLLER = "127.0.0.1:50050"
+DEFAULT_MODEL = "llama-3-8b"
+EXIT_NOT_PROMOTED = 3
+_TERMINAL = {
+    control_pb2.DECISION_ACTION_PROMOTE,
+    control_pb2.DECISION_ACTION_ROLLBACK,
+    control_pb2.DECISION_ACTION_ABORT,
+}
+ACTION_NAMES = {
+    control_pb2.DECISION_ACTION_START: "start",
+    control_pb2.DECISION_ACTION_ADVANCE: "advance",
+    control_pb2.DECISION_ACTION_HOLD: "hold",
+    control_pb2.DECISION_ACTION_ROLLBACK: "rollback",
+    control_pb2.DECISION_ACTION_PROMOTE: "promote",
+    control_pb2.DECISION_ACTION_ABORT: "abort",
+}
+_STATE = {
+    control_pb2.ROLLOUT_STATE_PROGRESSING: "progressing",
+    control_pb2.ROLLOUT_STATE_PROMOTED: "promoted",
+    control_pb2.ROLLOUT_STATE_ROLLED_BACK: "rolled back",
+    control_pb2.ROLLOUT_STATE_ABORTED: "aborted",
+}
+
+_EPILOG = """\
+examples (against `make stack`):
+  halcyon rollout start llama-3-8b v2 --steps 5,25,50,100 --watch
+  halcyon rollout status
+  halcyon rollout history llama-3-8b --limit 20
+  halcyon rollout watch llama-3-8b --replay 5
+  halcyon rollout abort llama-3-8b --reason "error budget"
+  halcyon rollout verify          # ships three candidates against the running stack
+
+credentials: the operator token from --operator-token-file PATH or $HALCYON_OPERATOR_TOKEN
+(the insecure dev token otherwise, with a warning).
+exit codes: 0 ok; 1 the controller refused or could not be reached (one line says why);
+2 bad flags; 3 (--watch / --until-done / verify) the canary was not promoted as expected.
+"""
+
+
+class CliError(Exception):
+    """A failure to report as one line and exit 1."""
+
+
+# -- credentials and the connection -----------------------------------------------------------
+
+
+def read_secret(path: Path | None, env: str, what: str) -> str | None:
+    """A credential from a file (first line, stripped) or the environment; None if neither."""
+    if path is not None:
+        try:
+            text = path.read_text().strip()
+        except OSError as exc:
+            raise CliError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+        if not text:
+            raise CliError(f"the {what} file {path} is empty")
+        return text.splitlines()[0].strip()
+    value = os.environ.get(env, "").strip()
+    return value or None
+
+
+class Console:
+    """The controller connection and the output conventions of one command."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        token = read_secret(args.operator_token_file, OPERATOR_TOKEN_ENV, "operator token")
+        if token is None:
+            print(
+                f"warning: using the insecure dev operator token; set ${OPERATOR_TOKEN_ENV} "
+                "or --operator-token-file",
+                file=sys.stderr,
+            )
+            token = DEV_OPERATOR_TOKEN
+        self.metadata = bearer_metadata(token)
+        self.channel = grpc.insecure_channel(args.controller)
+        self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
+        self.timeout = args.timeout
+
+    def call(self, method: Callable[..., Any], request: Any) -> Any:
+        """A unary call with the operator credential and the command's deadline."""
+        return method(request, metadata=self.metadata, timeout=self.timeout)
+
+    def watch(self, model: str, replay: int) -> Iterable[control_pb2.WatchRolloutDecisionsResponse]:
+        """The live decision stream (no deadline: it runs until told to stop)."""
+        call: Iterable[control_pb2.WatchRolloutDecisionsResponse] = self.stub.WatchRolloutDecisions(
+            control_pb2.WatchRolloutDecisionsRequest(model=model, replay=replay),
+            metadata=self.metadata,
+        )
+        return call
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def emit_json(self, message: Any) -> None:
+        print(json.dumps(as_dict(message), sort_keys=True), flush=True)
+
+
+def as_dict(message: Any) -> dict[str, Any]:
+    out: dict[str, Any] = json_format.MessageToDict(
+        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
+    )
+    return out
+
+
+# -- formatting -------------------------------------------------------------------------------
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] = ()) -> str:
+    """Left-aligned columns, at least ``widths`` wide; the last column is free text."""
+    minimum = [*widths, *[0] * len(headers)][: len(headers)]
+    widths = [max(len(h), w) for h, w in zip(headers, minimum, strict=True)]
+    for row in rows:
+        for i, cell in enumerate(row[:-1]):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        padded = [c.ljust(widths[i]) for i, c in enumerate(cells[:-1])]
+        return "  ".join([*padded, cells[-1]]).rstrip()
+
+    return "\n".join([line(headers), *(line(r) for r in rows)])
+
+
+def _clock(ts: Any) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(ts.seconds)) if ts.seconds else "-"
+
+
+def _ms(d: Any) -> str:
+    return f"{to_seconds(d) * 1000:.1f}"
+
+
+def _arm(arm: control_pb2.ArmMetrics) -> str:
+    if not arm.version:
+        return "-"
+    return (
+        f"{arm.version}: {arm.requests} req {100 * arm.error_rate:.1f}% err p95 {_ms(arm.p95)} ms"
+    )
+
+
+def decision_row(d: control_pb2.RolloutDecision) -> list[str]:
+    step = (
+        f"{d.from_percent:g}→{d.to_percent:g}"
+        if d.from_percent != d.to_percent
+        else f"{d.to_percent:g}"
+    )
+    detail = d.detail
+    if d.needed_requests:
+        detail += f" (needs {d.needed_requests} more requests)"
+    return [
+        _clock(d.decided_at),
+        f"#{d.rollout_id}",
+        ACTION_NAMES.get(d.action, "?"),
+        d.reason,
+        step,
+        _arm(d.baseline),
+        _arm(d.canary),
+        detail,
+    ]
+
+
+DECISION_HEADERS = ("time", "rollout", "action", "reason", "canary %", "baseline", "canary", "")
+# Streams print a row at a time, so their columns are fixed (wide enough for typical rows).
+STREAM_WIDTHS = (8, 7, 8, 21, 8, 34, 40)
+
+
+def stream_header() -> str:
+    return table(DECISION_HEADERS, [], STREAM_WIDTHS)
+
+
+def stream_row(d: control_pb2.RolloutDecision) -> str:
+    return table(DECISION_HEADERS, [decision_row(d)], STREAM_WIDTHS).split("\n", 1)[1]
+
+
+def rollout_rows(rollouts: Iterable[control_pb2.Rollout]) -> list[list[str]]:
+    rows = []
+    for r in rollouts:
+        last = r.last_decision
+        rows.append(
+            [
+                r.model,
+                f"#{r.id}",
+                f"{r.canary_version} vs {r.baseline_version}",
+                _STATE.get(r.state, "?"),
+                f"{r.step_index + 1}/{len(r.step_percents)}",
+                f"{r.canary_weight_bp / 100:g}",
+                _clock(r.started_at),
+                f"{ACTION_NAMES.get(last.action, '?')} {last.reason}: {last.detail}"
+                if last.reason
+                else "-",
+            ]
+        )
+    return rows
+
+
+ROLLOUT_HEADERS = ("model", "rollout", "canary", "state", "step", "canary %", "started", "latest")
+
+
+# -- subcommands ------------------------------------------------------------------------------
+
+
+def parse_steps(text: str) -> list[float]:
+    try:
+        return [float(p) for p in text.split(",") if p.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected percentages separated by commas, e.g. 5,25,50,100; got {text!r}"
+        ) from None
+
+
+def _policy(args: argparse.Namespace) -> control_pb2.RolloutPolicy:
+    policy = control_pb2.RolloutPolicy(
+        min_requests=args.min_requests or 0,
+        max_error_rate_increase=args.max_error_rate_increase or 0.0,
+        max_error_rate_ratio=args.max_error_rate_ratio or 0.0,
+        max_p95_ratio=args.max_p95_ratio or 0.0,
+        healthy_windows_to_advance=args.healthy_windows or 0,
+        unhealthy_windows_to_rollback=args.unhealthy_windows or 0,
+        false_alarm_rate=args.false_alarm_rate or 0.0,
+    )
+    if args.window:
+        policy.window.CopyFrom(to_duration(args.window))
+    if args.max_duration:
+        policy.max_duration.CopyFrom(to_duration(args.max_duration))
+    return policy
+
+
+def cmd_start(console: Console, args: argparse.Namespace) -> int:
+    request = control_pb2.StartRolloutRequest(
+        model=args.model,
+        canary_version=args.canary_version,
+        step_percents=args.steps,
+        policy=_policy(args),
+    )
+    started = console.call(console.stub.StartRollout, request).rollout
+    if args.json and not args.watch:
+        console.emit_json(started)
+        return 0
+    if not args.json:
+        print(table(ROLLOUT_HEADERS, rollout_rows([started])))
+    if args.watch:
+        return follow(console, args.model, replay=0, until_done=True, as_json=args.json)
+    return 0
+
+
+def cmd_status(console: Console, args: argparse.Namespace) -> int:
+    state = console.call(console.stub.GetState, control_pb2.GetStateRequest())
+    rollouts = [r for r in state.rollouts if not args.model or r.model == args.model]
+    if not args.all:
+        # Running rollouts, and for a model with none running its latest one.
+        latest: dict[str, control_pb2.Rollout] = {}
+        for r in rollouts:
+            latest[r.model] = r
+        rollouts = [
+            r
+            for r in rollouts
+            if r.state == control_pb2.ROLLOUT_STATE_PROGRESSING or latest[r.model] is r
+        ]
+    routes = [x for x in state.routing if not args.model or x.model == args.model]
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    "rollouts": [as_dict(r) for r in rollouts],
+                    "routing": [as_dict(x) for x in routes],
+                },
+                sort_keys=True,
+            )
+        )
+        return 0
+    if rollouts:
+        print(table(ROLLOUT_HEADERS, rollout_rows(rollouts)))
+    else:
+        print("no rollouts" + (f" of {args.model}" if args.model else ""))
+    if routes:
+        rows = [
+            [x.model, x.stable_version or "(none)", x.canary_version or "-",
+             f"{x.canary_weight_bp / 100:g}"]
+            for x in routes
+        ]  # fmt: skip
+        print()
+        print(table(("model", "stable", "canary", "canary %"), rows))
+    return 0
+
+
+def cmd_promote(console: Console, args: argparse.Namespace) -> int:
+    done = console.call(
+        console.stub.PromoteRollout, control_pb2.PromoteRolloutRequest(model=args.model)
+    ).rollout
+    return _show_rollout(console, args, done)
+
+
+def cmd_abort(console: Console, args: argparse.Namespace) -> int:
+    done = console.call(
+        console.stub.AbortRollout,
+        control_pb2.AbortRolloutRequest(model=args.model, reason=args.reason),
+    ).rollout
+    return _show_rollout(console, args, done)
+
+
+def _show_rollout(console: Console, args: argparse.Namespace, r: control_pb2.Rollout) -> int:
+    if args.json:
+        console.emit_json(r)
+    else:
+        print(table(ROLLOUT_HEADERS, rollout_rows([r])))
+    return 0
+
+
+def cmd_history(console: Console, args: argparse.Namespace) -> int:
+    listed = console.call(
+        console.stub.ListRolloutDecisions,
+        control_pb2.ListRolloutDecisionsRequest(model=args.model or "", limit=args.limit),
+    )
+    if args.json:
+        console.emit_json(listed)
+    elif listed.decisions:
+        print(table(DECISION_HEADERS, [decision_row(d) for d in listed.decisions]))
+    else:
+        print("no decisions" + (f" for {args.model}" if args.model else ""))
+    return 0
+
+
+def follow(console: Console, model: str, *, replay: int, until_done: bool, as_json: bool) -> int:
+    """Print decisions as they are taken; with ``until_done`` stop at the first terminal one
+    (exit 0 promoted, EXIT_NOT_PROMOTED otherwise)."""
+    if not as_json:
+        print(stream_header(), flush=True)
+    for item in console.watch(model, replay):
+        d = item.decision
+        if as_json:
+            console.emit_json(d)
+        else:
+            print(stream_row(d), flush=True)
+        if until_done and d.action in _TERMINAL:
+            return 0 if d.action == control_pb2.DECISION_ACTION_PROMOTE else EXIT_NOT_PROMOTED
+    raise CliError("the controller ended the decision stream (shutting down?)")
+
+
+def cmd_watch(console: Console, args: argparse.Namespace) -> int:
+    return follow(
+        console, args.model or "", replay=args.replay, until_done=args.until_done, as_json=args.json
+    )
+
+
+def cmd_verify(console: Console, args: argparse.Namespace) -> int:
+    from halcyon.rollout_verify import verify
+
+    return verify(console, args)
+
+
+# -- argument parsing -------------------------------------------------------------------------
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--controller",
+        type=hostport,
+        default=DEFAULT_CONTROLLER,
+        metavar="HOST:PORT",
+        help=f"controller address (default {DEFAULT_CONTROLLER})",
+    )
+    parser.add_argument(
+        "--operator-token-file",
+        type=Path,
+        metavar="PATH",
+        help=f"file holding the operator token (default ${OPERATOR_TOKEN_ENV}, else the "
+        "insecure dev token)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=positive,
+        default=10.0,
+        metavar="SECONDS",
+        help="deadline of each call to the controller (default 10)",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def count_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: a whole number >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be at least {minimum}")
+        return value
+
+    return parse
+
+
+def _policy_flags(parser: argparse.ArgumentParser) -> None:
+    d = JudgePolicy()  # the controller's defaults, shown in --help
+    g = parser.add_argument_group("guards (default: the controller's, shown in brackets)")
+    g.add_argument(
+        "--window", type=positive, metavar="SECONDS", help=f"analysis window [{d.window_s:g}]"
+    )
+    g.add_argument(
+        "--min-requests",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"requests per arm per window [{d.min_requests}]",
+    )
+    g.add_argument(
+        "--max-error-rate-increase",
+        type=probability,
+        metavar="X",
+        help=f"absolute error-rate increase tolerated, 0.01 = 1 point "
+        f"[{d.max_error_rate_increase:g}]",
+    )
+    g.add_argument(
+        "--max-error-rate-ratio",
+        type=positive,
+        metavar="X",
+        help=f"error-rate factor tolerated [{d.max_error_rate_ratio:g}]",
+    )
+    g.add_argument(
+        "--max-p95-ratio", type=positive, metavar="X", help=f"p95 factor [{d.max_p95_ratio:g}]"
+    )
+    g.add_argument(
+        "--healthy-windows",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"healthy windows in a row to advance [{d.healthy_windows_to_advance}]",
+    )
+    g.add_argument(
+        "--unhealthy-windows",
+        type=count_at_least(1),
+        metavar="N",
+        help=f"unhealthy windows in a row to roll back [{d.unhealthy_windows_to_rollback}]",
+    )
+    g.add_argument(
+        "--max-duration",
+        type=positive,
+        metavar="SECONDS",
+        help=f"roll back a rollout still undecided after this [{d.max_duration_s:g}]",
+    )
+    g.add_argument(
+        "--false-alarm-rate",
+        type=probability,
+        metavar="P",
+        help=f"chance the sequential tests roll back a healthy canary [{d.false_alarm_rate:g}]",
+    )
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    parser.description = (
+        "Ship a new model version progressively: the controller moves a growing share of "
+        "sessions to the canary, compares it with the stable version over the same windows, "
+        "and promotes it or rolls it back on the evidence."
+    )
+    parser.epilog = _EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    sub = parser.add_subparsers(dest="action", metavar="ACTION")
+    sub.required = True
+
+    start = sub.add_parser("start", help="start a rollout of a canary version")
+    start.add_argument("model", help="model name, e.g. llama-3-8b")
+    start.add_argument("canary_version", help="version to roll out (needs a live replica)")
+    start.add_argument(
+        "--steps",
+        type=parse_steps,
+        default=[],
+        metavar="P,P,…",
+        help="canary percentages, increasing; a final 100 means promote (default 1,5,25,50)",
+    )
+    start.add_argument(
+        "--watch",
+        action="store_true",
+        help="then stream decisions until promoted (exit 0) or rolled back/aborted (exit 3)",
+    )
+    _policy_flags(start)
+
+    status = sub.add_parser("status", help="running rollouts and routing")
+    status.add_argument("model", nargs="?", help="only this model")
+    status.add_argument("--all", action="store_true", help="every rollout, finished ones too")
+
+    promote = sub.add_parser("promote", help="make the canary the stable version now")
+    promote.add_argument("model")
+    abort = sub.add_parser("abort", help="send all traffic back to the baseline now")
+    abort.add_argument("model")
+    abort.add_argument("--reason", default="", help="stored with the decision")
+
+    history = sub.add_parser("history", help="stored decisions with their evidence")
+    history.add_argument("model", nargs="?", help="only this model")
+    history.add_argument(
+        "--limit",
+        type=count_at_least(1),
+        default=50,
+        metavar="N",
+        help="newest N decisions (default 50)",
+    )
+
+    watch = sub.add_parser("watch", help="stream decisions as they are taken")
+    watch.add_argument("model", nargs="?", help="only this model")
+    watch.add_argument(
+        "--replay",
+        type=count_at_least(0),
+        default=0,
+        metavar="N",
+        help="first show the N newest (default 0)",
+    )
+    watch.add_argument(
+        "--until-done",
+        action="store_true",
+        help="exit at the first promote (0) or rollback/abort (3)",
+    )
+
+    verify = sub.add_parser(
+        "verify",
+        help="ship a faster, an erroring and a slow candidate against a running stack",
+        description="Drive load at a running stack (make stack) and ship three candidates in "
+        "turn: the fastest non-stable registered version (the stack's v2; promoted), then, "
+        "against that new baseline, a replica failing 5%% of batches (rolled back on "
+        "error_rate) and one 1.5x slower (rolled back on latency). Starts and stops the extra "
+        "workers itself, prints the decision trails, restores the original stable version, "
+        "and exits 0 only if all three ended as expected (3 otherwise).",
+    )
+    from halcyon.rollout_verify import configure as configure_verify
+
+    configure_verify(verify)
+    for p in (start, status, promote, abort, history, watch, verify):
+        _common(p)
+
+
+_COMMANDS: dict[str, Callable[[Console, argparse.Namespace], int]] = {
+    "start": cmd_start,
+    "status": cmd_status,
+    "promote": cmd_promote,
+    "abort": cmd_abort,
+    "history": cmd_history,
+    "watch": cmd_watch,
+    "verify": cmd_verify,
+}
+
+
+def _describe(err: RichError) -> str:
+    reason = f" ({err.reason})" if err.reason else ""
+    return f"{err.code.name}{reason}: {err.message}"
+
+
+def run(args: argparse.Namespace) -> int:
+    prog = f"halcyon rollout {args.action}"
+    console: Console | None = None
+    try:
+        console = Console(args)
+        return _COMMANDS[args.action](console, args)
+    except grpc.RpcError as exc:
+        err = parse_rpc_error(exc)
+        hint = ""
+        if err.code == grpc.StatusCode.UNAVAILABLE and not err.reason:
+            hint = f" (is a controller running at {args.controller}?)"
+        print(f"{prog}: {_describe(err)}{hint}", file=sys.stderr)
+        return 1
+    except CliError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:
+        # The reader went away (`| head`): stop quietly, and keep Python's exit-time flush of
+        # stdout from raising again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    finally:
+        if console is not None:
+            console.close()
