@@ -76,6 +76,18 @@ def _positive_float(text: str) -> float:
     return value
 
 
+def _error_points(text: str) -> tuple[float, ...]:
+    try:
+        points = tuple(float(part) for part in text.split(",") if part.strip())
+    except ValueError:
+        points = ()
+    if not points or any(not 0.0 < p < 99.0 for p in points):
+        raise argparse.ArgumentTypeError(
+            f"must be error-point increases between 0 and 99, e.g. 2,10; got {text!r}"
+        )
+    return points
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the benchmark's flags to ``parser`` (``halcyon bench`` and ``python -m bench``)."""
     parser.add_argument(
@@ -168,6 +180,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="REQ_PER_S",
         help="requests per second across both arms (default 200)",
     )
+    ro.add_argument(
+        "--extra-error-points",
+        type=_error_points,
+        default=(),
+        metavar="POINTS",
+        help="add a bad canary case 'errors+P' per listed error-point increase, e.g. 2,10 "
+        "(default: none; the 'errors' case is +5)",
+    )
     dev = parser.add_argument_group("device")
     dev.add_argument(
         "--intercept-ms",
@@ -241,9 +261,14 @@ def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     from dataclasses import replace
 
     from bench.rollout_sim import SimConfig, rollout_main
+    from bench.rollout_traffic import CASES, error_case
 
     config = SimConfig(seeds=args.seeds, first_seed=args.seed)
-    config = replace(config, traffic=replace(config.traffic, rate=args.rollout_rate))
+    config = replace(
+        config,
+        traffic=replace(config.traffic, rate=args.rollout_rate),
+        cases=CASES + tuple(error_case(points) for points in args.extra_error_points),
+    )
     return rollout_main(config, args.json, out, err, progress=args.progress or err.isatty())
 
 

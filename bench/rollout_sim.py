@@ -52,6 +52,7 @@ class SimConfig:
     steps: tuple[float, ...] = DEFAULT_STEPS
     seeds: int = 200
     first_seed: int = 1
+    cases: tuple[Case, ...] = CASES
 
 
 @dataclass(frozen=True)
@@ -151,7 +152,7 @@ def run_rollouts(
 ) -> list[RolloutRecord]:
     """Every (judge, case) over ``config.seeds`` seeds; rows in judge-then-case order."""
     judge_names = list(judges) if judges is not None else [j.name for j in JUDGES]
-    chosen = [c for c in CASES if cases is None or c.name in cases]
+    chosen = [c for c in config.cases if cases is None or c.name in cases]
     results: dict[tuple[str, str], list[RunResult]] = {
         (j, c.name): [] for j in judge_names for c in chosen
     }

@@ -33,7 +33,7 @@ import numpy.typing as npt
 
 from controller.canary import ArmEvidence
 
-__all__ = ["CASES", "CHUNK_S", "Case", "ChunkDraws", "Traffic", "TrafficModel"]
+__all__ = ["CASES", "CHUNK_S", "Case", "ChunkDraws", "Traffic", "TrafficModel", "error_case"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -68,14 +68,19 @@ class Case:
     bad: bool = False
 
 
+def error_case(points: float, name: str | None = None) -> Case:
+    """A bad canary that fails ``points`` percentage points more requests than the baseline."""
+    return Case(
+        name or f"errors+{points:g}",
+        f"canary fails {points:g} points more requests",
+        canary_error_rate_increase=points / 100.0,
+        bad=True,
+    )
+
+
 CASES: tuple[Case, ...] = (
     Case("aa", "identical versions (A/A)"),
-    Case(
-        "errors",
-        "canary fails 5 points more requests",
-        canary_error_rate_increase=0.05,
-        bad=True,
-    ),
+    error_case(5.0, "errors"),
     Case("slow", "canary 1.5x slower (p95 x 1.5)", canary_latency_factor=1.5, bad=True),
     Case("faster", "canary genuinely faster (0.7x)", canary_latency_factor=0.7),
     Case(

@@ -179,7 +179,16 @@ class ArmSummary:
 
 @dataclass(frozen=True)
 class Decision:
-    """One judgement: what to do, why (a machine token and a sentence), and the evidence."""
+    """One judgement: what to do, why (a machine token and a sentence), and the evidence.
+
+    ``reason`` is one of: ``healthy`` (ADVANCE / PROMOTE), ``awaiting_confirmation`` (a healthy
+    window, streak not yet long enough), ``insufficient_data`` (``needed_requests`` says how
+    many more per arm), ``inconclusive`` (a breach that could be noise), ``error_rate``,
+    ``latency`` (p95), ``latency_rank`` (HOLD for an unhealthy window short of the streak, or
+    ROLLBACK), ``max_duration`` (ROLLBACK). ``baseline`` and ``canary`` summarise the window
+    judged — or, for a sequential rollback, the whole step. ``statistics`` holds the numbers
+    behind the verdict (limits, ratios, p-values, e-values as logs, the budget ``alpha``).
+    """
 
     action: RolloutAction
     reason: str

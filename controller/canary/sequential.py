@@ -4,13 +4,10 @@ What it decides: whether the evidence of the current step already *proves*, at a
 false-alarm rate, that the canary breaks a guard — checked on every tick, not at the end of a
 window. Three anytime-valid tests share the step's false-alarm budget ``alpha`` (ADR 0008):
 
-* **error rate** (half of ``alpha``): two confidence sequences from the beta-binomial mixture
-  (:mod:`controller.canary.stats`). The baseline's upper bound ``U`` (a tenth of that half; the
-  baseline has most of the traffic, so its bound is tight anyway) turns into the tolerated
-  limit ``max(U + increase, U × ratio)``; the canary is rolled back when its own confidence
-  sequence lies entirely above that limit. If the canary is within tolerance, both sequences
-  cover their true rates at every moment with probability ``1 − half of alpha``, and then the
-  canary's lower end can never exceed the limit — so the test fires with at most that chance.
+* **error rate** (half of ``alpha``): :class:`~controller.canary.error_test.ErrorRateTest` —
+  the canary's failure rate proven above ``max(p_b + increase, p_b × ratio)`` for every
+  baseline rate ``p_b`` the baseline's own evidence has not excluded, weighed jointly: one
+  e-process for the pair of arms, with no share of ``alpha`` spent on bounding the baseline.
 * **p95** (a quarter): each canary latency above ``max_p95_ratio × baseline p95`` (the
   baseline's p95 so far in this step) is a Bernoulli "exceedance". A canary whose p95 is within
   the ratio exceeds with probability at most 5 %; the mixture test of "rate ≤ 5 %" rejects
@@ -33,14 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import numpy.typing as npt
 
+from controller.canary.error_test import ErrorRateTest
 from controller.canary.evidence import ArmAccumulator
-from controller.canary.model import ArmEvidence, JudgePolicy, error_limit
-from controller.canary.stats import (
-    BettingEProcess,
-    bernoulli_upper_bound,
-    odds_log_evidence,
-    sorted_quantile,
-)
+from controller.canary.model import ArmEvidence, JudgePolicy
+from controller.canary.stats import BettingEProcess, odds_log_evidence, sorted_quantile
 
 __all__ = ["SequentialBreach", "SequentialTests", "step_alpha"]
 
@@ -49,7 +42,6 @@ FloatArray = npt.NDArray[np.float64]
 _ERROR_SHARE = 0.5
 _P95_SHARE = 0.25
 _RANK_SHARE = 0.25
-_BASELINE_SHARE = 0.1  # of the error test's budget, for the baseline's upper bound
 _EXCEEDANCE_RATE = 0.05  # a p95 is the latency 5 % of requests exceed
 # Baseline latencies needed before canary latencies are ranked against them: the rank of a
 # canary latency among n baseline ones errs by ~sqrt(1/(6n)) on average, 0.018 at 512 — a
@@ -57,15 +49,23 @@ _EXCEEDANCE_RATE = 0.05  # a p95 is the latency 5 % of requests exceed
 _REFERENCE_MIN = 512
 
 
-def step_alpha(false_alarm_rate: float, step_index: int, step_count: int) -> float:
-    """The false-alarm budget of one step: half for the first, half of the rest for the next...
+# Share of the rollout's false-alarm budget spent at the first step; the rest is split evenly
+# between the later steps.
+FIRST_STEP_SHARE = 0.75
 
-    A bad canary is caught at the first step, so that step gets the most; the last step takes
-    what is left, so the budgets sum to exactly ``false_alarm_rate`` over the rollout.
+
+def step_alpha(false_alarm_rate: float, step_index: int, step_count: int) -> float:
+    """The false-alarm budget of one step: most for the first, the rest evenly for the others.
+
+    A bad canary is caught at the first step — the smallest share, where each second of proof
+    costs the fewest requests — so that step gets :data:`FIRST_STEP_SHARE` of the budget; the
+    budgets sum to exactly ``false_alarm_rate`` over the rollout.
     """
-    if step_index >= step_count - 1:
-        return false_alarm_rate * 0.5 ** (step_count - 1)
-    return false_alarm_rate * 0.5 ** (step_index + 1)
+    if step_count == 1:
+        return false_alarm_rate
+    if step_index == 0:
+        return false_alarm_rate * FIRST_STEP_SHARE
+    return false_alarm_rate * (1.0 - FIRST_STEP_SHARE) / (step_count - 1)
 
 
 @dataclass(frozen=True)
@@ -85,9 +85,8 @@ class SequentialTests:
         self.alpha = alpha
         self.baseline = ArmAccumulator(policy.max_samples_per_arm)
         self.canary = ArmAccumulator(policy.max_samples_per_arm)
-        err_alpha = alpha * _ERROR_SHARE
-        self._log_base_bound = math.log(1.0 / (err_alpha * _BASELINE_SHARE))
-        self._log_canary_bound = math.log(1.0 / (err_alpha * (1.0 - _BASELINE_SHARE)))
+        self._log_error_bound = math.log(1.0 / (alpha * _ERROR_SHARE))
+        self._errors = ErrorRateTest(policy)
         self._log_p95_bound = math.log(1.0 / (alpha * _P95_SHARE))
         self._log_rank_bound = math.log(1.0 / (alpha * _RANK_SHARE))
         self._exceed = 0
@@ -135,36 +134,25 @@ class SequentialTests:
         return self._check_errors() or self._check_p95() or self._check_rank()
 
     def _check_errors(self) -> SequentialBreach | None:
-        b, c = self.baseline, self.canary
-        if c.requests == 0 or b.requests == 0:
+        found = self._errors.evidence(self.baseline, self.canary, self._log_error_bound)
+        if found is None:
             return None
-        # The evidence falls as the limit rises and the limit rises with the baseline's
-        # bound, which is at least its observed rate: if the observed rate's limit is not
-        # enough, the bound's is not either (and costs a bisection to find).
-        if (
-            odds_log_evidence(c.failures, c.requests, error_limit(b.error_rate, self.policy))
-            < self._log_canary_bound
-        ):
-            return None
-        upper = bernoulli_upper_bound(b.failures, b.requests, self._log_base_bound)
-        limit = error_limit(upper, self.policy)
-        log_e = odds_log_evidence(c.failures, c.requests, limit)
-        if log_e < self._log_canary_bound:
-            return None
+        c = self.canary
         return SequentialBreach(
             reason="error_rate",
             detail=(
                 f"canary failed {c.failures} of {c.requests} requests "
-                f"({100 * c.error_rate:.2f}%): proven above the {100 * limit:.2f}% limit "
-                f"(baseline at most {100 * upper:.2f}%) with evidence "
-                f"{math.exp(min(log_e, 700.0)):.3g} against a bound of "
-                f"{math.exp(self._log_canary_bound):.3g}"
+                f"({100 * c.error_rate:.2f}%): proven above the tolerated limit whatever the "
+                f"baseline's rate (weakest at a baseline of {100 * found.baseline_rate:.3f}%, "
+                f"limit {100 * found.limit:.2f}%) with evidence "
+                f"{math.exp(min(found.log_e, 700.0)):.3g} against a bound of "
+                f"{math.exp(self._log_error_bound):.3g}"
             ),
             statistics={
-                "error_log_e": log_e,
-                "error_log_bound": self._log_canary_bound,
-                "error_limit": limit,
-                "baseline_error_upper": upper,
+                "error_log_e": found.log_e,
+                "error_log_bound": self._log_error_bound,
+                "error_limit": found.limit,
+                "baseline_error_upper": found.baseline_rate,
                 "alpha": self.alpha,
             },
         )

@@ -12,7 +12,7 @@ import pytest
 from bench import cli
 from bench.rollout_judges import JUDGES, FixedIntervalJudge, OriginalJudge, make_judge
 from bench.rollout_sim import SimConfig, format_table, run_rollouts, simulate
-from bench.rollout_traffic import CASES, Traffic, TrafficModel
+from bench.rollout_traffic import CASES, Traffic, TrafficModel, error_case
 from controller.canary import (
     ArmEvidence,
     JudgePolicy,
@@ -166,3 +166,23 @@ def test_rollout_flags_are_checked() -> None:
         parse("--scenario", "rollout", "--rollout-rate", "-5")
     args = parse("--scenario", "rollout", "--rollout-rate", "400", "--seeds", "7")
     assert (args.rollout_rate, args.seeds) == (400.0, 7)
+
+
+def test_extra_error_cases_are_added_by_flag_and_judged_by_every_judge() -> None:
+    args = parse("--scenario", "rollout", "--extra-error-points", "10,20")
+    assert args.extra_error_points == (10.0, 20.0)
+    config = SimConfig(seeds=2, cases=(error_case(10.0), error_case(20.0)))
+    records = run_rollouts(config)
+    assert {(r.judge, r.case) for r in records} == {
+        (j.name, c) for j in JUDGES for c in ("errors+10", "errors+20")
+    }
+    halcyon = {r.case: r for r in records if r.judge == "halcyon"}
+    assert halcyon["errors+10"].rolled_back == 1.0
+    # A larger regression is proven with fewer requests.
+    assert halcyon["errors+20"].blast_radius_p50 < halcyon["errors+10"].blast_radius_p50
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "x", "100", ""])
+def test_extra_error_points_must_be_increases_between_0_and_99(bad: str) -> None:
+    with pytest.raises(SystemExit):
+        parse("--scenario", "rollout", "--extra-error-points", bad)

@@ -39,7 +39,9 @@ def test_step_budgets_sum_to_the_false_alarm_rate() -> None:
     for steps in (1, 2, 4, 7):
         total = sum(step_alpha(0.01, i, steps) for i in range(steps))
         assert total == pytest.approx(0.01)
-    assert step_alpha(0.01, 0, 4) == pytest.approx(0.005)  # the first step gets half
+    assert step_alpha(0.01, 0, 4) == pytest.approx(0.0075)  # the first step gets the most
+    assert step_alpha(0.01, 3, 4) == pytest.approx(0.0025 / 3)  # the rest share the remainder
+    assert step_alpha(0.01, 0, 1) == pytest.approx(0.01)
 
 
 def test_five_more_error_points_are_proven_in_a_few_hundred_canary_requests() -> None:
