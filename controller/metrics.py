@@ -61,21 +61,9 @@ class ControllerMetrics:
             ["reason"],
             registry=r,
         )
-        self.rollout_decisions = Counter(
-            "halcyon_controller_rollout_decisions",
-            "Rollout decisions taken, by action (start, advance, hold, rollback, promote, abort)",
-            ["action"],
-            registry=r,
-        )
         self.rollouts_active = Gauge(
             "halcyon_controller_rollouts_active",
             "Rollouts in progress",
-            registry=r,
-        )
-        self.canary_weight = Gauge(
-            "halcyon_controller_canary_weight_bp",
-            "Canary share of a model's sticky-hash space in basis points, while a rollout runs",
-            ["model"],
             registry=r,
         )
         self.fleet_watchers = Gauge(
@@ -88,8 +76,7 @@ class ControllerMetrics:
             "Generation of the latest fleet snapshot",
             registry=r,
         )
-        # Rollout evidence for dashboards and alerts (deploy/prometheus, deploy/grafana); the
-        # rollout controller sets them. Declared here so their names are fixed in one place.
+        # Rollout state for dashboards and alerts (deploy/prometheus, deploy/grafana).
         self.rollout_canary_weight = Gauge(
             "halcyon_controller_rollout_canary_weight",
             "Share of traffic (0..1) the active rollout gives its canary version",
@@ -98,8 +85,8 @@ class ControllerMetrics:
         )
         self.rollout_decisions = Counter(
             "halcyon_controller_rollout_decisions",
-            "Rollout decisions taken, by model, action (advance, hold, rollback, promote, "
-            "abort) and reason",
+            "Rollout decisions taken, by model, action (start, advance, hold, rollback, "
+            "promote, abort) and reason",
             ["model", "action", "reason"],
             registry=r,
         )
@@ -117,14 +104,19 @@ class ControllerMetrics:
             self.replicas.labels(model=model, version=version).set(n)
         self._replica_labels = set(tally)
 
-    def set_rollout(self, model: str, weight_bp: int | None, active: int) -> None:
-        """A rollout's canary weight (None once it ended) and how many are running."""
+    def set_rollout(self, model: str, canary: str, weight_bp: int | None, active: int) -> None:
+        """A rollout's canary share (None once it ended) and how many are running."""
         if weight_bp is None:
             with contextlib.suppress(KeyError):
-                self.canary_weight.remove(model)
+                self.rollout_canary_weight.remove(model, canary)
         else:
-            self.canary_weight.labels(model=model).set(weight_bp)
+            self.rollout_canary_weight.labels(model=model, canary_version=canary).set(
+                weight_bp / 10_000
+            )
         self.rollouts_active.set(active)
+
+    def count_decision(self, model: str, action: str, reason: str) -> None:
+        self.rollout_decisions.labels(model=model, action=action, reason=reason).inc()
 
     def count_outcomes(self, by_kind: Mapping[str, int], dropped: Mapping[str, int]) -> None:
         for kind, n in by_kind.items():

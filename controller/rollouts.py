@@ -420,9 +420,10 @@ class RolloutManager:
             else:
                 self._routing.clear_canary(model)
         self._publish()
-        self._metrics.rollout_decisions.labels(action=str(row.action)).inc()
+        self._metrics.count_decision(model, str(row.action), row.reason)
         running = updated.state is RolloutStatus.PROGRESSING
-        self._metrics.set_rollout(model, updated.canary_weight_bp if running else None,
+        self._metrics.set_rollout(model, updated.canary_version,
+                                  updated.canary_weight_bp if running else None,
                                   len(self._active))  # fmt: skip
         self.feed.publish(stored)
         _log.info(
@@ -493,7 +494,7 @@ class RolloutManager:
                 raise RolloutBusy(others[0] if others else record) from None
             self._arm(record, run)
             self._publish()
-            self._metrics.rollout_decisions.labels(action=str(DecisionAction.START)).inc()
+            self._metrics.count_decision(model, str(DecisionAction.START), "")
             self.feed.publish(stored)
         _log.info(
             "rollout started",
@@ -506,7 +507,9 @@ class RolloutManager:
         self._active[record.model] = _Active(record, run)
         self.evidence.watch(record.model, record.baseline_version, record.canary_version)
         self._routing.set_canary(record.model, record.canary_version, record.canary_weight_bp)
-        self._metrics.set_rollout(record.model, record.canary_weight_bp, len(self._active))
+        self._metrics.set_rollout(
+            record.model, record.canary_version, record.canary_weight_bp, len(self._active)
+        )
 
     def _live_replicas(self, model: str, version: str) -> int:
         return sum(
