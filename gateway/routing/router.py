@@ -83,6 +83,10 @@ __all__ = [
     "peak_ewma_cost",
 ]
 
+# No attempt lasts longer than the longest deadline a request may have (600 s); an hour bounds
+# every latency sample with room to spare.
+MAX_LATENCY_SAMPLE_S = 3600.0
+
 
 def peak_ewma_cost(inflight: int, latency_estimate_s: float, weight: float) -> float:
     """Predicted wait for one more batch: ``(inflight + 1) x latency / weight``."""
@@ -421,9 +425,10 @@ class PeakEwmaRouter:
         if outcome is Outcome.SUCCESS or outcome is Outcome.TIMEOUT:
             sample = now - lease.dispatched_at if latency_s is None else latency_s
             # Only a real duration is evidence: NaN, infinities and negative values (a buggy
-            # caller, a clock read on another timeline) never reach the estimate.
+            # caller, a clock read on another timeline) never reach the estimate, and a huge one
+            # is capped so that sums and medians over replicas cannot overflow.
             if sample >= 0.0 and math.isfinite(sample):
-                replica.ewma.observe(sample, now)
+                replica.ewma.observe(min(sample, MAX_LATENCY_SAMPLE_S), now)
             if outcome is Outcome.SUCCESS:
                 replica.breaker.on_success(now, lease._probe)
             else:
