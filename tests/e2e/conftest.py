@@ -69,6 +69,8 @@ class Proc:
     name: str
     args: list[str]
     workdir: Path
+    # gRPC listen address; a restarted process passes its predecessor's to keep the port.
+    listen: str = "127.0.0.1:0"
     popen: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
 
@@ -87,7 +89,7 @@ class Proc:
             "halcyon",
             *self.args,
             "--listen",
-            "127.0.0.1:0",
+            self.listen,
             "--metrics-listen",
             "127.0.0.1:0",
             "--ready-file",
@@ -417,12 +419,14 @@ class Launcher:
         self.procs: list[Proc] = []
         self.fleets: list[Fleet] = []
 
-    def spawn(self, name: str, *args: str) -> Proc:
-        proc = Proc(name, list(args), self.workdir)
+    def spawn(self, name: str, *args: str, listen: str = "127.0.0.1:0") -> Proc:
+        proc = Proc(name, list(args), self.workdir, listen)
         self.procs.append(proc)
         return proc.start()
 
-    def controller(self, *extra: str, name: str = "controller") -> Proc:
+    def controller(
+        self, *extra: str, name: str = "controller", listen: str = "127.0.0.1:0"
+    ) -> Proc:
         proc = self.spawn(
             name,
             "controller",
@@ -437,6 +441,7 @@ class Launcher:
             "--shutdown-grace",
             "2",
             *extra,
+            listen=listen,
         )
         proc.wait_ready()
         return proc
