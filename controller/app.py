@@ -52,6 +52,9 @@ class ControllerConfig:
     gateway_ttl_s: float = 60.0
     coalesce_s: float = 0.01
     generation_epoch: int | None = None  # default: wall-clock microseconds at start
+    # How long snapshots say "warming up" after start (gateways merge them); None: one lease
+    # TTL, 0: never (ADR 0011).
+    warm_up_s: float | None = None
 
 
 class Controller:
@@ -78,7 +81,14 @@ class Controller:
             if config.generation_epoch is not None
             else time.time_ns() // 1000
         )
-        self.view = FleetView(self.registry, self.routing, self.wall, epoch=epoch)
+        warm_up = config.lease_ttl_s if config.warm_up_s is None else config.warm_up_s
+        self.view = FleetView(
+            self.registry,
+            self.routing,
+            self.wall,
+            epoch=epoch,
+            warm_up_until=clock.now() + warm_up if warm_up > 0 else None,
+        )
         self.outcomes = OutcomeAggregator(
             clock, window_s=config.outcome_window_s, gateway_ttl_s=config.gateway_ttl_s
         )

@@ -8,7 +8,9 @@ controller sends on that worker's ``WorkerSession`` stream (its lease, drain com
 instruction to end the stream (lease lapsed, replaced by a re-registration, shutdown).
 
 The sweeper expires lapsed leases every ``sweep_interval_s`` (``lease_ttl / 4`` by default), so
-a worker whose heartbeats stop leaves the fleet within ``ttl + ttl/4``.
+a worker whose heartbeats stop leaves the fleet within ``ttl + ttl/4``. A controller that has
+just started ends its fleet view's warm-up on time (:mod:`controller.fleet_view`), publishing
+the snapshot gateways take as the whole fleet.
 
 No gRPC here beyond the message types and :class:`common.errors.RichError`; the servicer reads
 from the outbox and writes to the stream.
@@ -128,6 +130,7 @@ class FleetManager:
         self._sessions: dict[str, WorkerSessionHandle] = {}
         self._unresolved_warned: set[str] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        self._warm_up: asyncio.Task[None] | None = None
         self.closing = False
         # Set on close: client streams (outcome reports) end on it instead of holding the
         # server's stop for its whole grace period.
@@ -277,18 +280,41 @@ class FleetManager:
             except Exception:  # never let one bad sweep stop expiry for good
                 _log.exception("lease sweep failed")
 
+    def end_warm_up(self) -> bool:
+        """End the warm-up if it is due; publish the established fleet when it ends."""
+        if not self.view.end_warm_up(self._clock.now()):
+            return False
+        _log.info(
+            "fleet established: snapshots are now the whole fleet",
+            extra={"replicas": len(self.registry.members())},
+        )
+        self.notify_changed()
+        return True
+
+    async def _end_warm_up_on_time(self) -> None:
+        while self.view.warming_up:
+            await asyncio.sleep(self.view.warm_up_remaining(self._clock.now()))
+            self.end_warm_up()
+
     def start(self) -> None:
         if self._sweeper is None:
             self._sweeper = asyncio.create_task(self._sweep_forever(), name="lease-sweeper")
+        if self._warm_up is None and self.view.warming_up:
+            _log.info(
+                "warming up: gateways keep the replicas they know until the fleet re-registers",
+                extra={"for_s": round(self.view.warm_up_remaining(self._clock.now()), 3)},
+            )
+            self._warm_up = asyncio.create_task(self._end_warm_up_on_time(), name="warm-up")
 
     async def close(self) -> None:
         """Shutting down: end every session and WatchFleet stream with OK; stop the sweeper."""
         self.closing = True
-        if self._sweeper is not None:
-            self._sweeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._sweeper
-            self._sweeper = None
+        for task in (self._sweeper, self._warm_up):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._sweeper = self._warm_up = None
         for handle in list(self._sessions.values()):
             handle.end(None)
         self.feed.close()

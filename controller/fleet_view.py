@@ -11,6 +11,15 @@ generations normally keep increasing across controller restarts too; a gateway s
 accept the first snapshot of every new stream as authoritative. Leases and busy-slot counters
 renewed by heartbeats do not advance the generation (see :mod:`controller.registry`); GetState
 reads them fresh.
+
+**Warm-up** (ADR 0011). A controller that has just started does not know the fleet: the
+workers of the controller it replaced are still re-registering. Until ``warm_up_until`` (a
+reading of the controller's clock; the controller passes start + one lease TTL) its snapshots
+say ``warming_up``, and gateways merge them into the fleet they last knew instead of taking an
+empty or partial list as the truth. Ending the warm-up is a change of its own: a new
+generation whose snapshot says ``warming_up = false``. One lease TTL because a live worker
+re-registers within its reconnect delay (well under a TTL) and a worker that has not
+re-registered within one TTL would have lost its lease under the old controller anyway.
 """
 
 from __future__ import annotations
@@ -33,9 +42,11 @@ class FleetView:
         wall: WallClock,
         *,
         epoch: int = 0,
+        warm_up_until: float | None = None,
     ) -> None:
         if epoch < 0:
             raise ValueError("epoch must be >= 0")
+        self._warm_up_until = warm_up_until
         self._registry = registry
         self._routing = routing
         self._wall = wall
@@ -58,6 +69,28 @@ class FleetView:
         self._sync()
         return self._generation
 
+    @property
+    def warming_up(self) -> bool:
+        """Whether snapshots still say the fleet is not established (see the module doc)."""
+        return self._warm_up_until is not None
+
+    def warm_up_remaining(self, now: float) -> float:
+        """Seconds of warm-up left at ``now`` (0 when over or never started)."""
+        if self._warm_up_until is None:
+            return 0.0
+        return max(0.0, self._warm_up_until - now)
+
+    def end_warm_up(self, now: float) -> bool:
+        """End the warm-up if its time has come; True when it just ended (a new generation,
+        whose snapshot gateways take as the whole fleet)."""
+        if self._warm_up_until is None or now < self._warm_up_until:
+            return False
+        self._warm_up_until = None
+        self._sync()
+        self._generation += 1
+        self._snapshot = None
+        return True
+
     def resolution(self) -> RoutingResolution:
         """Routing for every known model, resolved against the live fleet."""
         self._sync()
@@ -73,5 +106,6 @@ class FleetView:
                 generation=self._generation,
                 replicas=[member_to_pb(m, self._wall) for m in self._registry.members()],
                 routing=self.resolution().routes,
+                warming_up=self._warm_up_until is not None,
             )
         return self._snapshot

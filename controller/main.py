@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+from common.argtypes import non_negative
 from common.auth import (
     DEV_FLEET_TOKEN,
     DEV_OPERATOR_TOKEN,
@@ -130,6 +131,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="heartbeat period the controller asks workers for; < --lease-ttl (default 1)",
     )
     group.add_argument(
+        "--warm-up",
+        type=non_negative,
+        default=None,
+        metavar="SECONDS",
+        help="after start, how long fleet snapshots say 'warming up' so that gateways keep the "
+        "replicas they knew while workers re-register; 0 turns it off (default: --lease-ttl)",
+    )
+    group.add_argument(
         "--outcome-window",
         type=_positive_seconds,
         default=60.0,
@@ -179,6 +188,7 @@ def build_config(args: argparse.Namespace) -> ControllerConfig:
         lease_ttl_s=args.lease_ttl,
         heartbeat_interval_s=args.heartbeat_interval,
         outcome_window_s=args.outcome_window,
+        warm_up_s=args.warm_up,
     )
 
 

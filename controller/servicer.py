@@ -186,6 +186,10 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                     if self._coalesce_s > 0:
                         # Let a burst of changes (a fleet starting up) land in one snapshot.
                         await asyncio.sleep(self._coalesce_s)
+                        if feed.closed:
+                            # Shutting down meanwhile: the sessions ending now empty the
+                            # registry, and gateways must not take that for the fleet.
+                            return
         finally:
             self._metrics.fleet_watchers.dec()
             _log.info("fleet watcher gone", extra={"gateway_id": request.gateway_id})

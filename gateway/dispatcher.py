@@ -8,14 +8,25 @@ turns events (a request queued, a batch answered, a timer) into calls on the
 metadata), races a hedge when the hedge policy allows, and answers every request exactly once:
 with its result, or with the typed reason the batcher or the fleet gave.
 
+Each ``ExecuteBatch`` call has an *attempt timeout* derived from the cost model's prediction
+for that batch on that replica (:class:`~gateway.routing.AttemptPolicy`), never from the
+requests' deadlines alone: a frozen replica costs a request one attempt timeout, then it is
+retried elsewhere. A request still waiting on a replica shortly before its deadline is answered
+by the gateway itself (``DEADLINE_EXCEEDED / DEADLINE_MISSED``), so the client gets a reason
+before its own deadline fires (ADR 0011).
+
 Outcome handling follows the design's distinctions:
 
 * success — the router learns the latency, the batcher's per-replica cost model learns the
   batch time, the hedge histogram learns the latency;
 * ``REPLICA_BUSY`` — backpressure, not a fault: the replica is skipped for its advertised
   retry delay, the batch goes back to the queue, the breaker is untouched;
+* no answer within the attempt timeout — a TIMEOUT (a breaker failure and a latency lower
+  bound; timeouts in a row open the breaker at once); requests are retried as for a failure;
 * any other failure — a fault for the breaker; requests get one more try elsewhere if their
-  deadline still allows, otherwise ``UNAVAILABLE / UPSTREAM_FAILURE``;
+  deadline still allows, otherwise ``UNAVAILABLE / UPSTREAM_FAILURE``. The retry avoids the
+  replicas *that request* failed on (the batcher holds it out of their batches); the replica
+  stays open to everyone else's work — one request's failure costs only that request;
 * a hedge loser — cancelled (the worker frees its device) and recorded as nothing.
 """
 
@@ -23,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -53,12 +65,12 @@ from gateway.batching import (
     Rejected,
 )
 from gateway.routing import (
+    AttemptPolicy,
     BreakerState,
     HedgePolicy,
     HedgeRace,
     Lease,
     NoCapacity,
-    NoCapacityReason,
     Outcome,
     PeakEwmaRouter,
     RaceVerdict,
@@ -112,8 +124,10 @@ class PendingRequest:
     deadline: float
     span_context: trace.SpanContext | None = None
     attempts: int = 0
-    # Replicas this request's batch already failed on: its retry goes elsewhere if it can.
+    # Replicas this request's batches already failed on: its retry goes elsewhere if it can.
     avoid: frozenset[str] = frozenset()
+    # When the gateway answers it itself if no replica has (set on submit; AttemptPolicy).
+    answer_by: float = math.inf
     answered: bool = False
     cancelled: bool = False
     result: InferResult | None = None
@@ -205,6 +219,11 @@ class _Flight:
     span: trace.Span
     calls: dict[int, asyncio.Task[worker_pb2.ExecuteBatchResponse]] = field(default_factory=dict)
     hedge_timer: asyncio.TimerHandle | None = None
+    # Per attempt (lease id): the conservative prediction its timeout was derived from.
+    predicted: dict[int, float | None] = field(default_factory=dict)
+    tried: set[str] = field(default_factory=set)  # replicas an attempt went to
+    ends_by: float = -math.inf  # every call on the wire has ended by then (its timeout)
+    give_up_timer: asyncio.TimerHandle | None = None
 
 
 class VersionDispatcher:
@@ -226,6 +245,7 @@ class VersionDispatcher:
         on_flush: Callable[[FlushReason], None],
         on_hedge: Callable[[str], None],
         on_busy: Callable[[], None],
+        attempts: AttemptPolicy | None = None,
     ) -> None:
         self.model = model
         self.version = version
@@ -240,6 +260,7 @@ class VersionDispatcher:
         self._on_flush = on_flush
         self._on_hedge = on_hedge
         self._on_busy = on_busy
+        self._attempts = attempts or AttemptPolicy()
         self._tracer = trace.get_tracer("halcyon.gateway")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._step_handle: asyncio.Handle | None = None
@@ -248,9 +269,10 @@ class VersionDispatcher:
         self._timer_at: float | None = None
         self._flights: dict[int, _Flight] = {}
         self._busy_until: dict[str, float] = {}
-        # How many queued retries avoid each replica (see PendingRequest.avoid).
-        self._avoid: dict[str, int] = {}
         self.replicas: dict[str, str] = {}  # replica id -> address
+        # Each member's learned cost, kept while the batcher does not plan for it (breaker
+        # open, draining) so that it neither starts over nor reads as "unknown" meanwhile.
+        self._models: dict[str, OnlineCostModel] = {}
         self._slots: dict[str, int] = {}
         self._draining: set[str] = set()
         self._shunned: set[str] = set()  # breaker open: not offered to the batcher as capacity
@@ -268,9 +290,16 @@ class VersionDispatcher:
         self._draining.discard(replica_id)
         self._slots[replica_id] = slots
         if replica_id not in self._shunned:
-            self.batcher.add_replica(replica_id, slots=slots)
+            self._plan_for(replica_id)
         self.replicas[replica_id] = address
         self.kick()
+
+    def _plan_for(self, replica_id: str) -> None:
+        """Offer a replica to the batcher as capacity, with the cost model it learned so far."""
+        self.batcher.add_replica(
+            replica_id, slots=self._slots[replica_id], cost_model=self._models.get(replica_id)
+        )
+        self._models[replica_id] = self.batcher.cost_model(replica_id)
 
     def drain_replica(self, replica_id: str) -> None:
         """A draining replica takes no new batches; its in-flight ones finish."""
@@ -287,15 +316,21 @@ class VersionDispatcher:
         self._slots.pop(replica_id, None)
         self._draining.discard(replica_id)
         self._shunned.discard(replica_id)
+        self._models.pop(replica_id, None)
         self.kick()
 
     def cost_model(self, replica_id: str) -> OnlineCostModel | None:
-        """The replica's learned batch cost, or None while the batcher does not plan for it
-        (draining, or its breaker is open)."""
-        try:
-            return self.batcher.cost_model(replica_id)
-        except KeyError:
+        """The replica's learned batch cost (kept while its breaker is open or it drains), or
+        None for a replica that is not a member."""
+        return self._models.get(replica_id)
+
+    def _predicted(self, replica_id: str, tokens: int) -> float | None:
+        """A conservative prediction of a batch's duration on a replica, from its cost model;
+        None while the replica has not completed a batch (a prior is not a prediction)."""
+        model = self._models.get(replica_id)
+        if model is None or model.observations == 0:
             return None
+        return model.upper(tokens)
 
     @property
     def has_replicas(self) -> bool:
@@ -306,6 +341,7 @@ class VersionDispatcher:
     def submit(self, pending: PendingRequest) -> None:
         """Queue a request or raise its typed rejection at once (microseconds, no I/O)."""
         v = pending.valid
+        pending.answer_by = self._attempts.answer_by(pending.received_at, pending.deadline)
         if self._shunned:
             # A shunned replica may have gone half-open since the last step: offer it again
             # before judging capacity, or a fleet of one would refuse work forever.
@@ -364,7 +400,7 @@ class VersionDispatcher:
             elif not is_open and rid in self._shunned:
                 self._shunned.discard(rid)
                 if rid not in self._draining and rid in self._slots:
-                    self.batcher.add_replica(rid, slots=self._slots[rid])
+                    self._plan_for(rid)
 
     def _step(self) -> None:
         batcher = self.batcher
@@ -377,25 +413,22 @@ class VersionDispatcher:
         for rid in [r for r, until in self._busy_until.items() if until <= now]:
             del self._busy_until[rid]
         busy = list(self._busy_until)
-        avoid = [rid for rid, n in self._avoid.items() if n > 0]
+        skip = busy  # replicas not to offer work to in this step
         retry_at: float | None = None  # when the router expects a replica to take work
         while batcher.depth and batcher.free_replicas():
-            lease = self.router.pick(now, exclude=busy + avoid)
-            if (
-                isinstance(lease, NoCapacity)
-                and avoid
-                and lease.reason is NoCapacityReason.NO_REPLICA
-            ):
-                # No other replica exists at all (not merely a busy one, which is worth
-                # waiting for): a retry where it failed beats no retry.
-                lease = self.router.pick(now, exclude=busy)
+            lease = self.router.pick(now, exclude=skip)
             if isinstance(lease, NoCapacity):
-                retry_at = now + lease.retry_after_s
+                if skip is busy:  # not merely out of replicas this step has offered work to
+                    retry_at = now + lease.retry_after_s
                 break
             batch = batcher.take_batch(lease.replica_id)
             if batch is None:
                 # The batcher prefers to wait (or has no slot there): give the lease back.
                 self.router.complete(lease, Outcome.CANCELLED, None, now)
+                if batcher.withheld:
+                    # It held back retries that avoid this replica: another may take them.
+                    skip = [*skip, lease.replica_id]
+                    continue
                 break
             self._launch(batch, lease, now)
         self._answer_dropped()
@@ -429,24 +462,11 @@ class VersionDispatcher:
             return
         now = self._clock.now()
         for d in dropped:
-            self._forget_avoid(d.item.payload)
             d.item.payload.reject(rejection_error(d, now))
-
-    def _forget_avoid(self, pending: PendingRequest) -> None:
-        for rid in pending.avoid:
-            left = self._avoid.get(rid, 0) - 1
-            if left > 0:
-                self._avoid[rid] = left
-            else:
-                self._avoid.pop(rid, None)
-        pending.avoid = frozenset()
 
     # -- one batch on the wire --------------------------------------------------------------
 
     def _launch(self, batch: Batch[PendingRequest], lease: Lease, now: float) -> None:
-        for pending in batch.payloads:
-            if pending.avoid:
-                self._forget_avoid(pending)
         if spans_recorded():
             links = [Link(p.span_context) for p in batch.payloads if p.span_context is not None]
             span = self._tracer.start_span(
@@ -492,10 +512,19 @@ class VersionDispatcher:
     def _call(self, flight: _Flight, lease: Lease) -> None:
         stub = self._pool.stub(lease.replica_id)
         batch = flight.batch
+        flight.tried.add(lease.replica_id)
         if stub is None:  # the replica left between pick and call
             self._settle(flight, lease, None, RichError(grpc.StatusCode.UNAVAILABLE, "gone"))
             return
-        timeout = max(0.001, max(p.deadline for p in batch.payloads) - self._clock.now())
+        now = self._clock.now()
+        # A half-open probe gets the cold timeout: a replica that became slower than its
+        # model must be able to answer once (and teach the model) to come back at all.
+        predicted = None if lease.probe else self._predicted(lease.replica_id, batch.tokens)
+        flight.predicted[lease.lease_id] = predicted
+        last_answer_by = max(p.answer_by for p in batch.payloads)
+        timeout = self._attempts.call_timeout(now, predicted, last_answer_by)
+        if now + timeout > flight.ends_by:
+            flight.ends_by = now + timeout
         metadata = self._fleet_md
         if flight.span is not trace.INVALID_SPAN:
             metadata += tuple(inject_metadata(trace.set_span_in_context(flight.span)))
@@ -505,6 +534,40 @@ class VersionDispatcher:
         )
         flight.calls[lease.lease_id] = task
         task.add_done_callback(lambda t: self._on_call_done(flight, lease, t, started))
+        self._arm_give_up(flight, now)
+
+    # -- answering before the deadline ------------------------------------------------------
+
+    def _arm_give_up(self, flight: _Flight, now: float) -> None:
+        """Time the next answer-by of a request in the flight, if it comes before every call
+        on the wire has ended (their own ends answer the requests otherwise)."""
+        if flight.give_up_timer is not None or flight.race.settled:
+            return
+        due = math.inf
+        for pending in flight.batch.payloads:
+            if not pending.answered and pending.answer_by < due:
+                due = pending.answer_by
+        if due < flight.ends_by:
+            flight.give_up_timer = asyncio.get_running_loop().call_later(
+                max(0.0, due - now), self._give_up, flight
+            )
+
+    def _give_up(self, flight: _Flight) -> None:
+        """Answer the flight's requests whose answer-by has come; the calls go on for the rest
+        (and end by their own timeout)."""
+        flight.give_up_timer = None
+        if flight.race.settled:
+            return
+        now = self._clock.now()
+        for pending in flight.batch.payloads:
+            if not pending.answered and pending.answer_by <= now + 0.0005:
+                pending.reject(
+                    deadline_missed(
+                        f"no answer from replica {'/'.join(sorted(flight.tried))} before the "
+                        "deadline; answered now so that the reply reaches the client in time"
+                    )
+                )
+        self._arm_give_up(flight, now)
 
     def _on_call_done(
         self,
@@ -524,7 +587,16 @@ class VersionDispatcher:
         if err is None:
             self._settle(flight, lease, task.result(), None)
         elif isinstance(err, grpc.aio.AioRpcError):
-            self._settle(flight, lease, None, parse_rpc_error(err))
+            rich = parse_rpc_error(err)
+            if rich.code is grpc.StatusCode.DEADLINE_EXCEEDED and not rich.reason:
+                # The call's own timeout: the attempt got no answer in time.
+                rich = RichError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"replica {lease.replica_id} did not answer within the attempt timeout",
+                    reason=Reason.UPSTREAM_FAILURE,
+                    metadata={"attempt": "timeout"},
+                )
+            self._settle(flight, lease, None, rich)
         else:
             self._settle(flight, lease, None, RichError(grpc.StatusCode.INTERNAL, str(err)))
 
@@ -549,6 +621,10 @@ class VersionDispatcher:
             retry = err.retry_after_s if err is not None and err.retry_after_s else 0.001
             self._busy_until[lease.replica_id] = now + retry
             self._on_busy()
+        elif err is not None and err.metadata.get("attempt") == "timeout":
+            verdict = self._attempts.judge_expiry(latency, flight.predicted.get(lease.lease_id))
+            self.router.complete(lease, verdict, latency, now)
+            self._breakers_dirty = True
         else:
             self.router.complete(lease, Outcome.FAULT, None, now)
             self._breakers_dirty = True
@@ -559,6 +635,9 @@ class VersionDispatcher:
             return
         if flight.hedge_timer is not None:
             flight.hedge_timer.cancel()
+        if flight.give_up_timer is not None:
+            flight.give_up_timer.cancel()
+            flight.give_up_timer = None
         self._flights.pop(flight.batch.batch_id, None)
         for loser in result.cancel:
             call = flight.calls.get(loser.lease_id)
@@ -573,7 +652,7 @@ class VersionDispatcher:
             flight.span.end()
             self._on_batch(self.model, self.version, batch, lease.replica_id, latency, True)
         else:
-            self._recover(batch, err, busy, now)
+            self._recover(batch, err, busy, now, frozenset(flight.tried))
             flight.span.set_status(trace.StatusCode.ERROR, err.message if err else "failed")
             flight.span.end()
             if not busy:  # backpressure is not a failed batch; busy_retries counts it
@@ -617,9 +696,15 @@ class VersionDispatcher:
             )
 
     def _recover(
-        self, batch: Batch[PendingRequest], err: RichError | None, busy: bool, now: float
+        self,
+        batch: Batch[PendingRequest],
+        err: RichError | None,
+        busy: bool,
+        now: float,
+        tried: frozenset[str],
     ) -> None:
-        """Give a failed batch's requests another chance, or answer them."""
+        """Give a failed batch's requests another chance, or answer them. A retry avoids the
+        replicas this batch failed on — for its own requests only (see the batcher)."""
         items = self.batcher.fail(batch, requeue=False)
         for item in items:
             pending = item.payload
@@ -637,15 +722,17 @@ class VersionDispatcher:
                     )
                 )
                 continue
+            if not busy:
+                pending.avoid = pending.avoid | tried
             verdict = self.batcher.submit(
-                pending, tokens=item.tokens, deadline=item.deadline, lane=item.lane
+                pending,
+                tokens=item.tokens,
+                deadline=item.deadline,
+                lane=item.lane,
+                avoid=pending.avoid,
             )
             if isinstance(verdict, Rejected):
                 pending.reject(rejection_error(verdict, now))
-            elif not busy:
-                self._forget_avoid(pending)
-                pending.avoid = frozenset({batch.replica_id})
-                self._avoid[batch.replica_id] = self._avoid.get(batch.replica_id, 0) + 1
 
     def _retry_hint(self, now: float) -> float | None:
         """Seconds until another replica is predicted to take work, or None if none exists."""
@@ -666,10 +753,10 @@ class VersionDispatcher:
         earliest = min(p.deadline for p in batch.payloads)
 
         def predicted(replica_id: str) -> float:
-            try:
-                return self.batcher.cost_model(replica_id).upper(batch.tokens)
-            except KeyError:
-                return self.router.latency_estimate(replica_id, now) or 0.0
+            model = self._models.get(replica_id)  # learned, or the prior for want of better
+            if model is not None:
+                return model.upper(batch.tokens)
+            return self.router.latency_estimate(replica_id, now) or NOMINAL_BATCH_S
 
         hedge = self._hedging.may_hedge(
             now,

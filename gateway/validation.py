@@ -5,6 +5,15 @@ never a crash or UNKNOWN. The effective deadline is the earlier of the gRPC dead
 request's own ``timeout`` (for clients such as grpcurl that cannot always set one); with
 neither, the gateway's default applies. Work is counted in tokens (prompt + generated),
 the unit the device cost model, the batcher and the quotas all use.
+
+No deadline is longer than :data:`MAX_TIMEOUT_S` (ADR 0011). A ``timeout`` field beyond it is
+INVALID_ARGUMENT naming ``timeout``: the client asked for something the gateway will not
+honour, and saying so beats silently shortening it. A gRPC deadline beyond it (or a deadline
+so far out that it is not a number any more) is clamped to it instead: that deadline is often
+set by a library default rather than by the caller, and the gateway answering — typed — within
+the maximum is all a caller can observe either way. Every deadline the gateway computes with is
+therefore a finite number of seconds no larger than the maximum, so nothing downstream (the
+batcher's plan, the ``ExecuteBatch`` call timeouts) ever sees an absurd one.
 """
 
 from __future__ import annotations
@@ -20,6 +29,7 @@ DEFAULT_OUTPUT_TOKENS = 64
 MAX_MODEL_NAME = 128
 MAX_SESSION_KEY = 256
 BYTES_PER_TOKEN = 4
+MAX_TIMEOUT_S = 600.0  # the longest deadline a request may have (ADR 0011)
 _PRIORITIES = frozenset(infer_pb2.Priority.values())
 _LANES = frozenset(infer_pb2.Lane.values())
 
@@ -78,12 +88,25 @@ def validate(
         raise invalid_argument("priority", f"unknown value {req.priority}")
     if req.lane not in _LANES:
         raise invalid_argument("lane", f"unknown value {req.lane}")
-    timeout_s = default_timeout_s if grpc_time_remaining_s is None else grpc_time_remaining_s
+    if grpc_time_remaining_s is not None and grpc_time_remaining_s != grpc_time_remaining_s:
+        grpc_time_remaining_s = None  # NaN: no usable deadline at all
+    if grpc_time_remaining_s is None:
+        timeout_s = min(default_timeout_s, MAX_TIMEOUT_S)
+    elif grpc_time_remaining_s > MAX_TIMEOUT_S:  # also infinity
+        timeout_s = MAX_TIMEOUT_S
+    else:
+        # Already past (the batcher refuses it as DEADLINE_UNREACHABLE), but never below zero.
+        timeout_s = grpc_time_remaining_s if grpc_time_remaining_s > 0.0 else 0.0
     if req.HasField("timeout"):
         t = req.timeout
         if t.seconds < 0 or t.nanos < 0 or t.nanos >= 1_000_000_000:
             raise invalid_argument("timeout", 'must be a positive duration such as "2s"')
         requested = t.seconds + t.nanos / 1e9
+        if t.seconds > MAX_TIMEOUT_S or (t.seconds == MAX_TIMEOUT_S and t.nanos > 0):
+            raise invalid_argument(
+                "timeout",
+                f"{requested:.9g}s is above the limit of {MAX_TIMEOUT_S:g}s; send at most that",
+            )
         if requested <= 0:
             raise invalid_argument("timeout", "must be positive")
         timeout_s = min(timeout_s, requested) if grpc_time_remaining_s is not None else requested

@@ -19,6 +19,11 @@ What it decides, for every request and every free replica slot:
   the moment that becomes true, not when the deadline passes), ``SHED_FOR_GOODPUT`` when it is
   dropped so that more requests (or tokens, per the objective) finish in time. They are handed
   out by ``take_dropped`` so each caller gets an answer.
+* **Retries avoid where they failed**, per request: a request submitted with ``avoid`` (the
+  replicas its earlier attempts failed on) is held out of the batches taken for those
+  replicas while any other replica is in service, and planned normally everywhere else. A
+  replica that failed one request's batch keeps serving everyone else's (ADR 0011); with no
+  other replica left, a retry where it failed beats no retry.
 * **Learning**: ``complete`` feeds the measured device time to that replica's own
   :class:`~gateway.batching.cost_model.OnlineCostModel`.
 * **Shutdown**: ``close`` stops admission (queued work keeps being dispatched); ``drain``
@@ -173,6 +178,13 @@ class DeadlineBatcher(Generic[P]):
         self._forced_since_dispatch = 0
         self._forced_count = 0
         self._largest_seen = 0
+        # Queued (or since departed) items submitted with an ``avoid`` set; pruned lazily.
+        self._avoiders: list[BatchItem[P]] = []
+        self.withheld = 0
+        """How many retries the last ``take_batch`` held back from its replica."""
+        # Free replicas offered the queue that could take nothing but retries avoiding them:
+        # until something changes, waking up for them would only spin (see ``next_wakeup``).
+        self._withheld_idle: set[str] = set()
 
     # -- replicas ------------------------------------------------------------------------
 
@@ -208,6 +220,7 @@ class DeadlineBatcher(Generic[P]):
         self._refresh_capacity()
         self._plan = None
         self._horizon_stale = True
+        self._withheld_idle.clear()
 
     def remove_replica(self, replica_id: str) -> None:
         """Stops planning work onto a replica. Its in-flight batches still report back."""
@@ -221,6 +234,7 @@ class DeadlineBatcher(Generic[P]):
         self._refresh_capacity()
         self._plan = None
         self._horizon_stale = True
+        self._withheld_idle.clear()
 
     def replica_ids(self) -> list[str]:
         return [r.replica_id for r in self._replicas.values() if not r.removed]
@@ -245,8 +259,13 @@ class DeadlineBatcher(Generic[P]):
         tokens: int,
         deadline: float,
         lane: Lane = Lane.INTERACTIVE,
+        avoid: frozenset[str] = frozenset(),
     ) -> Accepted[P] | Rejected:
-        """Queues a request, or refuses it at once with a typed reason."""
+        """Queues a request, or refuses it at once with a typed reason.
+
+        ``avoid`` names replicas the request must not be batched onto while another replica is
+        in service (those its earlier attempts failed on).
+        """
         if tokens < 1:
             raise ValueError(f"a request needs at least one token, got {tokens}")
         now = self._clock.now()
@@ -283,6 +302,11 @@ class DeadlineBatcher(Generic[P]):
             verdict = self._admit(plan, item, now)
         if isinstance(verdict, Rejected):
             return verdict
+        if self._withheld_idle:
+            self._withheld_idle.clear()
+        if avoid:
+            item.avoid = avoid
+            self._avoiders.append(item)
         self._insert(item)
         self._overtaking.add(relative, tokens, now)
         return Accepted(item, verdict)
@@ -477,13 +501,66 @@ class DeadlineBatcher(Generic[P]):
     # -- dispatch ------------------------------------------------------------------------
 
     def take_batch(self, replica_id: str) -> Batch[P] | None:
-        """The batch to run now on a free slot of ``replica_id``, or ``None`` to keep waiting."""
+        """The batch to run now on a free slot of ``replica_id``, or ``None`` to keep waiting.
+
+        Retries that avoid ``replica_id`` are held out of it (``withheld`` says how many), so
+        ``None`` may mean "nothing for this replica": offer another one.
+        """
+        self.withheld = 0
         replica = self._replicas.get(replica_id)
         if replica is None or replica.free_slots() <= 0:
             return None
         if not self._queued():
             replica.capacity_credit = 0
             return None
+        if not self._avoiders:
+            return self._take(replica)
+        held = self._withhold(replica_id)
+        if not held:
+            return self._take(replica)
+        self.withheld = len(held)
+        try:
+            if not self._queued():
+                replica.capacity_credit = 0
+                self._withheld_idle.add(replica_id)
+                return None
+            return self._take(replica)
+        finally:
+            for item in held:
+                # A bulk item gets a second aging entry; the first one left (or still there)
+                # is skipped once it is promoted or gone.
+                self._insert(item)
+            self._plan = None  # planned without them: no longer a description of the queue
+
+    def _withhold(self, replica_id: str) -> list[BatchItem[P]]:
+        """Takes out of the lanes the queued retries that avoid ``replica_id`` while another
+        replica could serve them; forgets avoiders that are no longer queued."""
+        others = [r.replica_id for r in self._replicas.values() if not r.removed]
+        held: list[BatchItem[P]] = []
+        keep: list[BatchItem[P]] = []
+        for item in self._avoiders:
+            if not self._is_queued(item):
+                continue
+            keep.append(item)
+            if replica_id in item.avoid and any(o not in item.avoid for o in others):
+                self._remove(item)
+                held.append(item)
+        self._avoiders = keep
+        return held
+
+    def _is_queued(self, item: BatchItem[P]) -> bool:
+        if item.lane is _INTERACTIVE or item.promoted:
+            deadlines, items = self._int_d, self._int
+        else:
+            deadlines, items = self._bulk_d, self._bulk
+        pos = bisect.bisect_left(deadlines, item.deadline)
+        while pos < len(items) and deadlines[pos] == item.deadline:
+            if items[pos] is item:
+                return True
+            pos += 1
+        return False
+
+    def _take(self, replica: _Replica[P]) -> Batch[P] | None:
         now = self._clock.now()
         plan = self._replan(now, replica, self._balance_cap(replica))
         if not plan.batches:
@@ -596,6 +673,7 @@ class DeadlineBatcher(Generic[P]):
         self._refresh_capacity()
         self._plan = None
         self._horizon_stale = True
+        self._withheld_idle.clear()
         return replica, found
 
     def take_dropped(self) -> list[Dropped[P]]:
@@ -619,7 +697,7 @@ class DeadlineBatcher(Generic[P]):
         if plan is None:
             plan = self._replan(now, None)
         wake = self._hopeless_at
-        if plan.batches and self._free_total > 0:
+        if plan.batches and self._free_total > 0 and not self._free_wait_for_others():
             first = plan.batches[0]
             if plan.first_full or any(r.capacity_credit > 0 for r in self._replicas.values()):
                 wake = now
@@ -633,6 +711,16 @@ class DeadlineBatcher(Generic[P]):
             return None
         earliest = now + self._tick
         return earliest if earliest > wake else wake  # max(wake, earliest)
+
+    def _free_wait_for_others(self) -> bool:
+        """Whether every free replica was offered the queue since the last change and could
+        take nothing but retries that avoid it (so only another replica freeing helps)."""
+        if not self._withheld_idle:
+            return False
+        for r in self._replicas.values():
+            if not r.removed and r.free_slots() > 0 and r.replica_id not in self._withheld_idle:
+                return False
+        return True
 
     def poll(self) -> None:
         """Promotes aged bulk work and evicts work that can no longer make its deadline."""

@@ -65,6 +65,9 @@ class BatchItem(Generic[P]):
     seq: int
     # Set when a bulk item has waited the aging period and competes in the interactive lane.
     promoted: bool = False
+    # Replicas this request already failed on: a retry is not planned onto them while another
+    # replica is in service (set by ``DeadlineBatcher.submit(avoid=...)``).
+    avoid: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,9 @@ servicer and in ``bench/fleet.py``.
   cost ``(inflight + 1) x latency / weight``; membership changes at runtime.
 * :class:`CircuitBreaker` — per replica, judged on outcomes, exponential re-open backoff,
   half-open probes taken only by the replica actually chosen.
-* :class:`Outcome` — SUCCESS / FAULT / BUSY / CANCELLED and what each may touch.
+* :class:`Outcome` — SUCCESS / FAULT / TIMEOUT / BUSY / CANCELLED and what each may touch.
+* :class:`AttemptPolicy` — how long one attempt may take before it is a TIMEOUT, and when a
+  request still waiting on a replica is answered anyway (before its deadline).
 * :class:`HedgePolicy`, :class:`HedgeRace` — p95-triggered hedging within a budget, and the
   "first success wins" race.
 
@@ -45,6 +47,7 @@ Example: one dispatch with a hedge, as the gateway's dispatcher runs it::
         hedging.record_latency(latency_s)
 """
 
+from gateway.routing.attempt import AttemptConfig, AttemptPolicy
 from gateway.routing.breaker import BreakerConfig, BreakerState, CircuitBreaker, Probe
 from gateway.routing.hedge import (
     HedgeBudget,
@@ -69,6 +72,8 @@ from gateway.routing.router import (
 )
 
 __all__ = [
+    "AttemptConfig",
+    "AttemptPolicy",
     "BreakerConfig",
     "BreakerState",
     "CircuitBreaker",

@@ -13,6 +13,12 @@ Rules, each pinned by a test:
 * Trips when, over the last ``window_s`` seconds, at least ``min_requests`` outcomes were
   judged and the failure share is at least ``failure_ratio``. A time window (not "the last N
   outcomes") so that a failure from an hour ago cannot tip a quiet replica over.
+* Also trips after ``consecutive_timeouts`` timeouts in a row (attempts that got no answer at
+  all within their attempt timeout, :meth:`CircuitBreaker.on_timeout`), whatever the window
+  holds: a replica that stopped answering (frozen, partitioned) is gone, not degraded, and the
+  ratio rule would wait for as many timeouts as it had successes in the last ten seconds — on
+  a busy replica, longer than its lease. Fast errors do not count here (a replica with a real
+  30 % error rate must stay in rotation, see ADR 0002); any success resets the count.
 * Opens for an exponentially growing backoff: ``base_backoff_s * multiplier ** (trips - 1)``
   capped at ``max_backoff_s``; ``trips`` counts consecutive openings and resets when the
   breaker closes.
@@ -20,8 +26,8 @@ Rules, each pinned by a test:
   calls only for the replica it actually chose. :meth:`CircuitBreaker.allows` is a pure
   query, so using it as an eligibility filter over many candidates takes nothing (the original
   leaked probe slots to replicas that were considered but not chosen, so they never recovered).
-* Only SUCCESS and FAULT judge (see :mod:`gateway.routing.outcome`); BUSY and CANCELLED just
-  hand back a probe slot.
+* Only SUCCESS, FAULT and TIMEOUT judge (see :mod:`gateway.routing.outcome`); BUSY and
+  CANCELLED just hand back a probe slot.
 * Outcomes of requests dispatched in an earlier state are ignored once the state moved on: a
   non-probe result arriving while OPEN or HALF_OPEN, or a probe from an earlier half-open
   episode, says nothing about the replica now.
@@ -66,6 +72,8 @@ class BreakerConfig:
     """Probes allowed in flight at once while half-open."""
     half_open_successes: int = 3
     """Probe successes needed to close."""
+    consecutive_timeouts: int = 2
+    """Timeouts in a row that open the breaker at once (ADR 0011)."""
 
     def __post_init__(self) -> None:
         if not 0.0 < self.failure_ratio <= 1.0:
@@ -82,6 +90,8 @@ class BreakerConfig:
             raise ValueError("backoff_multiplier must be >= 1")
         if self.half_open_max_probes < 1 or self.half_open_successes < 1:
             raise ValueError("half-open probe counts must be at least 1")
+        if self.consecutive_timeouts < 1:
+            raise ValueError("consecutive_timeouts must be at least 1")
 
 
 @dataclass(frozen=True)
@@ -144,7 +154,7 @@ class CircuitBreaker:
         if breaker.allows(now):              # pure: safe to ask of every candidate
             probe = breaker.on_dispatch(now)  # only for the replica actually chosen
             ...
-            breaker.on_success(now, probe)    # or on_failure / on_release (busy, cancelled)
+            breaker.on_success(now, probe)    # or on_failure / on_timeout / on_release
     """
 
     __slots__ = (
@@ -155,6 +165,7 @@ class CircuitBreaker:
         "_probes_inflight",
         "_reopen_at",
         "_state",
+        "_timeouts_in_row",
         "_trips",
         "_window",
     )
@@ -169,6 +180,7 @@ class CircuitBreaker:
         self._episode = 0
         self._probes_inflight = 0
         self._probe_successes = 0
+        self._timeouts_in_row = 0
 
     @property
     def config(self) -> BreakerConfig:
@@ -237,9 +249,17 @@ class CircuitBreaker:
                     self._close()
             return
         if self._state is BreakerState.CLOSED:
+            self._timeouts_in_row = 0
             self._window.add(True, now)
 
     def on_failure(self, now: float, probe: Probe | None) -> None:
+        self._judge_failure(now, probe, timed_out=False)
+
+    def on_timeout(self, now: float, probe: Probe | None) -> None:
+        """A failure of the worst kind: the attempt got no answer within its timeout."""
+        self._judge_failure(now, probe, timed_out=True)
+
+    def _judge_failure(self, now: float, probe: Probe | None, *, timed_out: bool) -> None:
         self.state(now)
         if probe is not None:
             if self._live_probe(probe):
@@ -248,6 +268,11 @@ class CircuitBreaker:
         if self._state is not BreakerState.CLOSED:
             return
         self._window.add(False, now)
+        if timed_out:
+            self._timeouts_in_row += 1
+            if self._timeouts_in_row >= self._config.consecutive_timeouts:
+                self._open(now)
+                return
         successes, failures = self._window.counts(now)
         judged = successes + failures
         if judged >= self._config.min_requests and failures >= self._config.failure_ratio * judged:
@@ -268,6 +293,7 @@ class CircuitBreaker:
         self._reopen_at = now + min(cfg.max_backoff_s, backoff)
         self._probes_inflight = 0
         self._probe_successes = 0
+        self._timeouts_in_row = 0
         self._window.clear()
 
     def _close(self) -> None:
@@ -275,6 +301,7 @@ class CircuitBreaker:
         self._trips = 0
         self._probes_inflight = 0
         self._probe_successes = 0
+        self._timeouts_in_row = 0
         self._window.clear()
 
     def __repr__(self) -> str:

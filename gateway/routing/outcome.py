@@ -10,9 +10,15 @@ outcome     latency estimate     breaker           what the caller does next
 ==========  ===================  ================  ==============================
 SUCCESS     fed (peak EWMA)      success           deliver the result
 FAULT       untouched            failure           fail / let a hedge finish
+TIMEOUT     fed (a lower bound)  timeout           retry elsewhere if time allows
 BUSY        untouched            untouched         retry on another replica
 CANCELLED   untouched            untouched         nothing (a hedge lost the race)
 ==========  ===================  ================  ==============================
+
+TIMEOUT is the attempt that got no answer within its attempt timeout (ADR 0011). The time it
+waited is a real observation — the replica takes at least that long now — so the peak EWMA
+takes it at once and power-of-two-choices steers away from a frozen replica before its breaker
+has opened; the breaker counts it as a failure and, in a row, as a reason to open at once.
 
 BUSY and CANCELLED still release the inflight slot and any half-open probe slot the attempt
 held: the probe never produced a verdict, so the next caller may probe instead.
@@ -31,7 +37,10 @@ class Outcome(StrEnum):
     SUCCESS = "success"
     """The replica executed the batch and answered; its latency is evidence of its speed."""
     FAULT = "fault"
-    """The replica failed the batch (error, crash, timeout): evidence against its health."""
+    """The replica failed the batch (error, crash): evidence against its health."""
+    TIMEOUT = "timeout"
+    """The replica did not answer within the attempt timeout: evidence against its health and
+    a lower bound on its latency."""
     BUSY = "busy"
     """The replica refused for lack of a free slot (backpressure): evidence of nothing."""
     CANCELLED = "cancelled"
@@ -39,8 +48,8 @@ class Outcome(StrEnum):
 
     @property
     def feeds_latency(self) -> bool:
-        return self is Outcome.SUCCESS
+        return self in (Outcome.SUCCESS, Outcome.TIMEOUT)
 
     @property
     def judges_health(self) -> bool:
-        return self in (Outcome.SUCCESS, Outcome.FAULT)
+        return self in (Outcome.SUCCESS, Outcome.FAULT, Outcome.TIMEOUT)

@@ -406,8 +406,9 @@ class PeakEwmaRouter:
     def complete(self, lease: Lease, outcome: Outcome, latency_s: float | None, now: float) -> bool:
         """Release ``lease`` with its outcome. Returns False (and does nothing) if already released.
 
-        ``latency_s`` is the batch's observed latency for SUCCESS (default: ``now`` minus the
-        dispatch time); it is ignored for every other outcome, which never feed the estimate.
+        ``latency_s`` is the batch's observed latency for SUCCESS, or how long a TIMEOUT waited
+        (default: ``now`` minus the dispatch time); every other outcome leaves the estimate
+        alone.
         """
         if lease._released:
             return False
@@ -417,11 +418,16 @@ class PeakEwmaRouter:
             return True  # removed (or replaced) since dispatch: nothing left to account
         replica.inflight -= 1
         replica.started.pop(lease.lease_id, None)
-        if outcome is Outcome.SUCCESS:
+        if outcome is Outcome.SUCCESS or outcome is Outcome.TIMEOUT:
             sample = now - lease.dispatched_at if latency_s is None else latency_s
+            # Only a real duration is evidence: NaN, infinities and negative values (a buggy
+            # caller, a clock read on another timeline) never reach the estimate.
             if sample >= 0.0 and math.isfinite(sample):
                 replica.ewma.observe(sample, now)
-            replica.breaker.on_success(now, lease._probe)
+            if outcome is Outcome.SUCCESS:
+                replica.breaker.on_success(now, lease._probe)
+            else:
+                replica.breaker.on_timeout(now, lease._probe)
         elif outcome is Outcome.FAULT:
             replica.breaker.on_failure(now, lease._probe)
         else:

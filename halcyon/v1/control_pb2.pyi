@@ -326,14 +326,16 @@ class WatchFleetRequest(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ...) -> None: ...
 
 class WatchFleetResponse(_message.Message):
-    __slots__ = ("generation", "replicas", "routing")
+    __slots__ = ("generation", "replicas", "routing", "warming_up")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
+    WARMING_UP_FIELD_NUMBER: _ClassVar[int]
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[FleetMember]
     routing: _containers.RepeatedCompositeFieldContainer[ModelRouting]
-    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ...) -> None: ...
+    warming_up: bool
+    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., warming_up: _Optional[bool] = ...) -> None: ...
 
 class RequestOutcome(_message.Message):
     __slots__ = ("model", "version", "replica_id", "kind", "latency")

@@ -72,3 +72,33 @@ async def test_feed_coalesces_and_never_queues() -> None:
     feed.close()
     assert await fast.wait() is False
     assert await feed.subscribe().wait() is False
+
+
+def test_warm_up_is_in_every_snapshot_until_its_time_and_its_end_is_a_new_generation() -> None:
+    clock = ManualClock(10.0)
+    registry = FleetRegistry(clock, 3.0)
+    view = FleetView(
+        registry,
+        RoutingTable({"m": "v1"}),
+        WallClock(clock, wall_now=lambda: 1_000.0),
+        epoch=500,
+        warm_up_until=13.0,
+    )
+    assert view.warming_up and view.snapshot().warming_up
+    assert view.warm_up_remaining(clock.now()) == 3.0
+    registry.register(desc("a"))
+    assert view.snapshot().warming_up and view.generation == 501
+    clock.advance(2.9)
+    assert not view.end_warm_up(clock.now())  # not yet
+    clock.advance(0.1)
+    assert view.end_warm_up(clock.now())
+    snap = view.snapshot()
+    assert not snap.warming_up and snap.generation == 502
+    assert [m.replica.replica_id for m in snap.replicas] == ["a"]
+    assert not view.end_warm_up(clock.now())  # once
+    assert view.warm_up_remaining(clock.now()) == 0.0
+
+
+def test_without_warm_up_snapshots_are_the_whole_fleet_from_the_start() -> None:
+    _, _, view = make()
+    assert not view.warming_up and not view.snapshot().warming_up

@@ -50,7 +50,9 @@ StackFactory = Callable[..., Awaitable[Stack]]
 async def start_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
     started: list[Stack] = []
 
-    async def start(lease_ttl_s: float = 5.0, heartbeat_interval_s: float = 1.0) -> Stack:
+    async def start(
+        lease_ttl_s: float = 5.0, heartbeat_interval_s: float = 1.0, warm_up_s: float | None = None
+    ) -> Stack:
         auth = AuthPolicy(fleet_token=FLEET_TOKEN, operator_token=OPERATOR_TOKEN, rules=AUTH_RULES)
         host = ServiceHost(
             "controller",
@@ -63,6 +65,7 @@ async def start_stack(tmp_path: Path) -> AsyncIterator[StackFactory]:
             lease_ttl_s=lease_ttl_s,
             heartbeat_interval_s=heartbeat_interval_s,
             coalesce_s=0.0,
+            warm_up_s=warm_up_s,
         )
         controller = await Controller.open(config, metrics_registry=host.registry)
         controller.add_to(host)
@@ -600,3 +603,36 @@ async def test_shutdown_ends_open_outcome_report_streams(start_stack: StackFacto
     # gateway to close it (which would hold the server's stop for its whole grace period).
     response = await asyncio.wait_for(reports, TIMEOUT)
     assert response.reports_received == 1
+
+
+# -- warm-up after a (re)start (ADR 0011) ----------------------------------------------------
+
+
+async def test_a_new_controller_says_it_is_warming_up_until_one_lease_ttl_passed(
+    start_stack: StackFactory,
+) -> None:
+    stack = await start_stack(lease_ttl_s=5.0, warm_up_s=0.3)
+    watch = stack.stub.WatchFleet(control_pb2.WatchFleetRequest(gateway_id="gw"), metadata=FLEET)
+    first = await snapshot_where(watch, lambda s: True)
+    assert first.warming_up and ids(first) == set()
+    call, _ = await register(stack, "r1")
+    joined = await snapshot_where(watch, lambda s: ids(s) == {"r1"})
+    assert joined.warming_up  # what it knows so far, not yet the whole fleet
+    # With no membership change at all, the end of the warm-up is a snapshot of its own.
+    established = await snapshot_where(watch, lambda s: not s.warming_up)
+    assert ids(established) == {"r1"} and established.generation > joined.generation
+    assert not stack.controller.view.warming_up
+    call.cancel()
+    watch.cancel()
+
+
+async def test_warm_up_defaults_to_one_lease_ttl_and_zero_turns_it_off(
+    start_stack: StackFactory,
+) -> None:
+    default = await start_stack(lease_ttl_s=5.0)
+    remaining = default.controller.view.warm_up_remaining(default.controller.clock.now())
+    assert 4.0 < remaining <= 5.0
+    off = await start_stack(warm_up_s=0.0)
+    watch = off.stub.WatchFleet(control_pb2.WatchFleetRequest(gateway_id="gw"), metadata=FLEET)
+    assert not (await snapshot_where(watch, lambda s: True)).warming_up
+    watch.cancel()

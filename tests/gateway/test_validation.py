@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import grpc
 import pytest
 from google.protobuf import duration_pb2
@@ -9,7 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from common.errors import RichError
-from gateway.validation import MAX_INPUT_BYTES, count_input_tokens, validate
+from gateway.validation import MAX_INPUT_BYTES, MAX_TIMEOUT_S, count_input_tokens, validate
 from halcyon.v1 import infer_pb2
 
 
@@ -66,3 +68,53 @@ def test_token_estimate_is_positive_and_grows_with_text(text: str) -> None:
     n = count_input_tokens(text)
     assert n >= 1
     assert count_input_tokens(text + "abcd") == n + 1
+
+
+def test_timeout_beyond_the_maximum_is_invalid_and_names_the_field() -> None:
+    # 1e10 s is a valid Duration; as a deadline it overflowed the gateway's own worker calls.
+    for seconds, nanos in ((10_000_000_000, 0), (int(MAX_TIMEOUT_S) + 1, 0), (600, 1)):
+        with pytest.raises(RichError) as exc:
+            validate(
+                ok_request(timeout=duration_pb2.Duration(seconds=seconds, nanos=nanos)), None, 10
+            )
+        assert exc.value.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert [v.field for v in exc.value.field_violations] == ["timeout"]
+        assert "limit" in exc.value.field_violations[0].description
+    at_limit = validate(ok_request(timeout=duration_pb2.Duration(seconds=600)), None, 10.0)
+    assert at_limit.timeout_s == MAX_TIMEOUT_S
+
+
+@pytest.mark.parametrize("remaining", [1e9, 1e300, math.inf, math.nan])
+def test_a_huge_grpc_deadline_is_clamped_to_the_maximum(remaining: float) -> None:
+    v = validate(ok_request(), remaining, 10.0)
+    expected = 10.0 if math.isnan(remaining) else MAX_TIMEOUT_S  # NaN: as if none was set
+    assert v.timeout_s == expected
+    tighter = validate(ok_request(timeout=duration_pb2.Duration(seconds=3)), remaining, 10.0)
+    assert tighter.timeout_s == 3.0
+
+
+def test_a_default_timeout_beyond_the_maximum_is_clamped() -> None:
+    assert validate(ok_request(), None, 1e12).timeout_s == MAX_TIMEOUT_S
+
+
+@given(
+    st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+    st.one_of(st.none(), st.integers(0, 315_576_000_000)),
+    st.integers(0, 999_999_999),
+)
+def test_every_accepted_deadline_is_finite_and_within_the_maximum(
+    remaining: float | None, seconds: int | None, nanos: int
+) -> None:
+    req = (
+        ok_request()
+        if seconds is None
+        else ok_request(timeout=duration_pb2.Duration(seconds=seconds, nanos=nanos))
+    )
+    try:
+        v = validate(req, remaining, 10.0)
+    except RichError as err:
+        assert err.code == grpc.StatusCode.INVALID_ARGUMENT
+        assert [f.field for f in err.field_violations] == ["timeout"]
+        return
+    assert math.isfinite(v.timeout_s)
+    assert v.timeout_s <= MAX_TIMEOUT_S

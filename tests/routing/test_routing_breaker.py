@@ -208,3 +208,52 @@ def test_state_machine_invariants(sequence: list[tuple[str, float]]) -> None:
             assert reopen is not None and now < reopen <= now + CFG.max_backoff_s
         if state is BreakerState.CLOSED:
             assert b.allows(now) and b.trips == 0
+
+
+# -- timeouts (ADR 0011) -----------------------------------------------------------------------
+
+
+def test_consecutive_timeouts_open_the_breaker_whatever_the_window_holds() -> None:
+    b = CircuitBreaker(CFG)  # consecutive_timeouts = 2 by default
+    for _ in range(100):  # a busy, healthy past: the ratio rule alone would need 100 failures
+        b.on_success(0.0, b.on_dispatch(0.0))
+    b.on_timeout(1.0, b.on_dispatch(1.0))
+    assert b.state(1.0) is BreakerState.CLOSED
+    b.on_timeout(1.1, b.on_dispatch(1.1))
+    assert b.state(1.1) is BreakerState.OPEN
+    assert b.reopen_at(1.1) == pytest.approx(2.1)
+
+
+def test_a_success_between_timeouts_resets_the_count_and_errors_do_not_count() -> None:
+    b = CircuitBreaker(BreakerConfig(min_requests=1000, consecutive_timeouts=2))
+    b.on_timeout(0.0, b.on_dispatch(0.0))
+    b.on_success(0.1, b.on_dispatch(0.1))
+    b.on_timeout(0.2, b.on_dispatch(0.2))
+    assert b.state(0.2) is BreakerState.CLOSED
+    b.on_failure(0.3, b.on_dispatch(0.3))  # a fast error: judged by the ratio rule only
+    assert b.state(0.3) is BreakerState.CLOSED
+    b.on_timeout(0.4, b.on_dispatch(0.4))
+    assert b.state(0.4) is BreakerState.OPEN
+
+
+def test_a_timed_out_probe_reopens_with_the_next_backoff() -> None:
+    b = tripped(0.0)
+    assert b.state(1.0) is BreakerState.HALF_OPEN
+    b.on_timeout(1.5, b.on_dispatch(1.0))
+    assert b.state(1.5) is BreakerState.OPEN
+    assert b.reopen_at(1.5) == pytest.approx(3.5)  # second trip: 2 s
+
+
+def test_timeouts_of_attempts_dispatched_before_it_opened_change_nothing() -> None:
+    b = CircuitBreaker(CFG)
+    early = [b.on_dispatch(0.0) for _ in range(3)]
+    b.on_timeout(0.3, early[0])
+    b.on_timeout(0.3, early[1])
+    assert b.state(0.3) is BreakerState.OPEN
+    b.on_timeout(0.4, early[2])  # dispatched while closed, lands while open: no new trip
+    assert b.trips == 1
+
+
+def test_consecutive_timeouts_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="consecutive_timeouts"):
+        BreakerConfig(consecutive_timeouts=0)

@@ -317,3 +317,63 @@ def test_inflight_is_released_exactly_once_per_lease(
             mine = sum(1 for lease in outstanding if lease.replica_id == v.replica_id)
             assert v.inflight == mine
             assert 0 <= v.inflight <= v.slots
+
+
+# -- timeouts and bad numbers (ADR 0011) -------------------------------------------------------
+
+
+def test_a_timeout_is_a_latency_lower_bound_and_steers_traffic_away() -> None:
+    r = router(
+        ReplicaSpec("a", slots=4, prior_latency_s=0.05),
+        ReplicaSpec("b", slots=4, prior_latency_s=0.05),
+    )
+    r.complete(lease_of(r.pick(0.0, exclude={"b"})), Outcome.TIMEOUT, 0.25, 0.25)
+    assert r.latency_estimate("a", 0.25) == pytest.approx(0.25)  # believed at once
+    assert view(r, "a", 0.25).breaker is BreakerState.CLOSED  # one timeout: not yet open
+    # Power of two choices now prefers b however the draw falls, before any breaker opens.
+    picks = {lease_of(r.pick(0.3)).replica_id for _ in range(3)}
+    assert picks == {"b"}
+
+
+def test_two_timeouts_in_a_row_stop_new_work_at_once() -> None:
+    r = router(ReplicaSpec("a", slots=2, prior_latency_s=0.05), ReplicaSpec("b", slots=2))
+    busy = [lease_of(r.pick(0.0, exclude={"b"})) for _ in range(2)]
+    for lease in busy:
+        r.complete(lease, Outcome.TIMEOUT, None, 0.25)
+    assert view(r, "a", 0.25).breaker is BreakerState.OPEN
+    assert {lease_of(r.pick(0.3)).replica_id for _ in range(2)} == {"b"}
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(list(Outcome)),
+            st.one_of(
+                st.none(),
+                st.floats(allow_nan=True, allow_infinity=True),
+                st.floats(0.0, 10.0),
+            ),
+            st.floats(0.0, 1.0),
+        ),
+        max_size=80,
+    )
+)
+@settings(max_examples=200)
+def test_no_outcome_or_number_makes_an_estimate_nan_or_unbounded(
+    ops: list[tuple[Outcome, float | None, float]],
+) -> None:
+    r = router(ReplicaSpec("a", slots=2, prior_latency_s=0.05), ReplicaSpec("b", slots=2))
+    now = 0.0
+    largest = 0.05  # the estimate stays within the prior and the real samples seen
+    for outcome, latency, step in ops:
+        now += step
+        lease = r.pick(now)
+        if isinstance(lease, Lease):
+            r.complete(lease, outcome, latency, now)
+            sample = now - lease.dispatched_at if latency is None else latency
+            if math.isfinite(sample):
+                largest = max(largest, sample)
+        for v in r.views(now):
+            assert math.isfinite(v.latency_estimate_s) and v.latency_estimate_s >= 0.0
+            assert math.isfinite(v.cost) and v.cost >= 0.0
+            assert v.latency_estimate_s <= largest
