@@ -14,10 +14,10 @@ help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
 	  awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[dev]'
 	@touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install Halcyon with its dev tools
@@ -40,6 +40,8 @@ fmt: $(STAMP) ## Format and autofix with ruff
 
 test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
 	$(VENV)/bin/pytest -q
+	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
+	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q -m 'not e2e' tests/serving tests/gateway tests/worker
 
 test-reliability: $(STAMP) ## Fault scenarios under real load (~4 min); prints one table of outcomes
 	$(VENV)/bin/pytest -q -m reliability tests/reliability

@@ -1,23 +1,32 @@
-"""The ``grpc.health.v1.Health`` servicer every Halcyon server exposes.
+"""The ``grpc.health.v1.Health`` servicer every Halcyon server exposes, and its probe port.
 
 What it decides: the serving status per health name, answered to ``Check`` and streamed to
-``Watch``. Why not ``grpc_health.v1.health.aio.HealthServicer`` as is: its ``set`` is a
+``Watch``, on the server's own port and optionally on a probe port (:class:`ProbeServer`).
+
+Why not ``grpc_health.v1.health.aio.HealthServicer`` as is: its ``set`` is a
 coroutine, so a status change would land some loop iterations later; readiness must flip the
 moment the host says so (a probe right after ``set_ready(False)`` must see NOT_SERVING). Here
 ``set`` is synchronous and wakes watchers through a per-name ``asyncio.Event`` that is replaced
 on every change.
+
+:class:`ProbeServer` answers the same names on a separate port from gRPC's own threads (a sync
+``grpc.server`` with the library's thread-safe ``grpc_health`` servicer), not from the event
+loop: a saturated loop cannot delay a Kubernetes probe past its timeout, and a wedged loop
+still gets its liveness answered NOT_SERVING (``common.liveness`` judges it). Plaintext only:
+the kubelet's gRPC probes speak no TLS, so bind it where only the kubelet reaches.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from concurrent import futures
 
 import grpc
 import grpc.aio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-__all__ = ["NOT_SERVING", "SERVING", "HealthService"]
+__all__ = ["NOT_SERVING", "SERVING", "HealthService", "ProbeServer"]
 
 SERVING: int = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING: int = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -70,3 +79,37 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
                 yield health_pb2.HealthCheckResponse(status=status)
                 last = status
             await event.wait()
+
+
+class ProbeServer:
+    """``grpc.health.v1`` on its own port, answered by gRPC's thread pool (thread-safe ``set``)."""
+
+    def __init__(self, listen: str) -> None:
+        self._servicer = health.HealthServicer(
+            experimental_non_blocking=True,
+            experimental_thread_pool=futures.ThreadPoolExecutor(1, thread_name_prefix="probe-w"),
+        )
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(2, thread_name_prefix="probe"),
+            options=[("grpc.so_reuseport", 0)],
+        )
+        health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
+        try:
+            self.port: int = self._server.add_insecure_port(listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot bind the health probe port {listen}: {exc}") from exc
+        if self.port == 0:
+            raise OSError(f"cannot bind the health probe port {listen}")
+        self._server.start()
+
+    def set(self, service: str, status: int) -> None:
+        """Any thread; ignored after :meth:`shutdown`."""
+        self._servicer.set(service, status)
+
+    def shutdown(self) -> None:
+        """Every name NOT_SERVING, permanently (the server is going away)."""
+        self._servicer.enter_graceful_shutdown()
+
+    def stop(self) -> None:
+        """Close the port (blocks until gRPC has; call it off the loop)."""
+        self._server.stop(None).wait(5.0)

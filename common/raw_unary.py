@@ -1,35 +1,49 @@
 """One unary method served straight off gRPC's completion queue, beside a ``grpc.aio`` server.
 
-What it decides: how a process's hot method (the gateway's ``Infer``) is received and answered.
-``grpc.aio`` spends about 0.2 ms of CPU per unary call on this machine before and after the
-handler runs (a task per call, a future per operation batch, interceptor coroutines) — the whole
-per-request budget of a gateway that must stay cheaper than the device it feeds. This endpoint
-registers the method with the aio server's own core server, so it shares its port, TLS, health,
-reflection and shutdown, requests the method's calls on a private completion queue, and turns
-completion events into plain callbacks on the event loop: about 0.07 ms per call (ADR 0006).
+What it decides: how a process's hot method (the gateway's ``Infer``, the worker's
+``ExecuteBatch``) is received and answered, and when that is allowed at all. ``grpc.aio`` spends
+about 0.2 ms of CPU per unary call on this machine before and after the handler runs (a task per
+call, a future per operation batch, interceptor coroutines) — the whole per-request budget of a
+gateway that must stay cheaper than the device it feeds. This endpoint registers the method with
+the aio server's own core server, so it shares its port, TLS, health, reflection and shutdown,
+requests the method's calls on a private completion queue, and turns completion events into
+plain callbacks on the event loop: about 0.07 ms per call (ADR 0006).
+
+When (ADR 0010): it uses grpc internals (``grpc._cython.cygrpc`` and the core server inside
+``AioServer``). :func:`fast_path_refusal` allows it only on a grpcio minor release listed in
+:data:`VERIFIED_GRPCIO` whose internals still have the shape this module calls (names,
+signatures, event fields — checked before anything is registered); otherwise the caller's
+ordinary aio handler serves the method, slower but the same on the wire.
 
 Threads: while the loop is idle, one poller thread blocks in ``CompletionQueue.poll`` (the GIL
 released) and hands the first event to the loop; from then on the loop takes events off the
 queue itself, without blocking, once per loop iteration, until it finds the queue empty and
 hands it back. A busy gateway pays no thread hand-off (and no GIL hand-off) per event.
 
+Faults: an exception while handling one event fails only the call that event belongs to
+(INTERNAL with ErrorInfo reason ``INTERNAL``) and the pump goes on. If the pump itself cannot go
+on (the queue cannot be polled, no more calls can be requested, the poller thread died) the
+endpoint records :attr:`RawUnaryEndpoint.failure` and tells its host, which turns liveness off
+and stops the process rather than let calls wait for an answer that cannot come. Progress is
+visible to a watchdog thread (:meth:`RawUnaryEndpoint.stalled_since`), so a loop that holds the
+queue and stops taking from it is noticed too (``common.liveness``). Shutdown never starts an
+operation on a queue that was shut down (gRPC core aborts the process if one does).
+
 Answers: the handler gets a :class:`RawCall` on the loop thread and must answer it exactly once
 with :meth:`RawCall.reply` or :meth:`RawCall.fail`; a call the client cancels (or whose deadline
 passes) first runs its ``on_cancel`` callback, and later answers are dropped. Every call is
 counted under the conventional ``grpc_server_*`` families, exactly as the aio interceptor counts
 the process's other methods.
-
-It relies on grpc internals (``grpc._cython.cygrpc`` and the core server inside ``AioServer``,
-grpcio pinned in pyproject). :meth:`RawUnaryEndpoint.attach` returns False when they are not as
-expected; the caller's ordinary aio handler for the same method then serves it, slower but the
-same on the wire.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import functools
 import gc
+import inspect
 import logging
 import threading
 import time
@@ -39,17 +53,34 @@ from typing import Any
 import grpc
 
 from common.buffered_metrics import BufferedCounter
-from common.errors import RichError
+from common.errors import Reason, RichError
 from common.grpc_metrics import GrpcServerMetrics, code_name, split_method
 
-try:  # grpc internals: absent or changed -> attach() declines and grpc.aio serves the method
+try:  # grpc internals: absent or changed -> fast_path_refusal() says why, grpc.aio serves
     from grpc._cython import cygrpc
 except ImportError:  # pragma: no cover - depends on the grpcio build
     cygrpc = None
 
-__all__ = ["RawCall", "RawUnaryEndpoint"]
+__all__ = [
+    "VERIFIED_GRPCIO",
+    "FaultHook",
+    "RawCall",
+    "RawUnaryEndpoint",
+    "ServingPathError",
+    "fast_path_refusal",
+]
 
 _log = logging.getLogger("halcyon.raw_unary")
+
+# grpcio minor releases whose internals this module was verified against, with how. A release is
+# verified when the whole test suite passes with it on both serving paths (`make test` runs the
+# serving, gateway and worker tests on each) and tests/serving/test_fast_path_safety.py passes
+# (fault isolation, wedge -> liveness, SIGTERM without a core abort). Patch releases of a listed
+# minor are trusted: grpc changes its Cython layer in minor releases. Add a minor only after
+# running that suite on it; anything else is served through grpc.aio with one log line.
+VERIFIED_GRPCIO: dict[str, str] = {
+    "1.85": "1.85.1 and 1.85.3: full suite on both serving paths (constraints.txt pins 1.85.3)",
+}
 
 # A core deadline this far out means the client set none.
 _NO_DEADLINE = 1e15
@@ -57,11 +88,107 @@ _NO_DEADLINE = 1e15
 _PREFETCH = 32
 # Events the loop takes in one go before letting its other callbacks run.
 _PUMP_BATCH = 256
+# At most one traceback per this many seconds for failed events (the rest are counted).
+_FAILURE_LOG_INTERVAL_S = 10.0
 
 Metadata = Sequence[tuple[str, str | bytes]]
 Handler = Callable[["RawCall"], None]
+# A test hook: called with ("event", call) on the loop before a received call is authorized and
+# handled, and with ("poll", None) on the poller thread after each event it takes. Raising (or
+# blocking) there is a fault in the pump itself, outside any handler.
+FaultHook = Callable[[str, "RawCall | None"], None]
 
 _RECEIVING, _HANDLING, _ANSWERED, _CANCELLED = range(4)
+
+
+class ServingPathError(OSError):
+    """The completion-queue path cannot take calls after it was attached (start-up)."""
+
+
+# -- may the fast path serve? ---------------------------------------------------------------------
+
+# What this module calls on grpc internals: (owner, method) -> parameter names.
+_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
+    ("Server", "register_completion_queue"): ("self", "queue"),
+    ("Server", "register_method"): ("self", "fully_qualified_method"),
+    ("Server", "request_registered_call"): ("self", "call_queue", "server_queue", "method", "tag"),
+    ("CompletionQueue", "poll"): ("self", "deadline"),
+    ("CompletionQueue", "shutdown"): ("self",),
+    ("Call", "start_server_batch"): ("self", "operations", "tag"),
+    ("Call", "cancel"): ("self", "error_code", "details"),
+}
+# Event and operation attributes read off what the queue returns.
+_ATTRIBUTES: dict[str, tuple[str, ...]] = {
+    "CompletionType": ("operation_complete", "queue_shutdown", "queue_timeout"),
+    "RequestCallEvent": ("call", "call_details", "invocation_metadata", "success", "tag"),
+    "BatchOperationEvent": ("batch_operations", "success", "tag"),
+    "CallDetails": ("deadline",),
+    "ReceiveMessageOperation": ("message",),
+    "ReceiveCloseOnServerOperation": ("cancelled",),
+}
+
+
+def fast_path_refusal(version: str | None = None) -> str | None:
+    """None when the completion-queue path may serve with this grpcio; otherwise why not.
+
+    ``version`` defaults to the installed ``grpc.__version__`` (read now, not at import).
+    """
+    version = grpc.__version__ if version is None else version
+    minor = ".".join(version.split(".")[:2])
+    if minor not in VERIFIED_GRPCIO:
+        verified = ", ".join(f"{m}.x" for m in sorted(VERIFIED_GRPCIO))
+        return (
+            f"grpcio {version} is not a release the completion-queue path was verified on "
+            f"(verified: {verified}; see VERIFIED_GRPCIO in common/raw_unary.py)"
+        )
+    return _internals_refusal()
+
+
+@functools.cache
+def _internals_refusal() -> str | None:
+    """Why grpc's internals are not the shape this module calls, or None. Touches no server:
+    signatures and attributes are read, operations are built, a private queue is polled."""
+    if cygrpc is None:
+        return "grpc._cython.cygrpc cannot be imported"
+    try:
+        for (owner, name), want in _SIGNATURES.items():
+            params = tuple(inspect.signature(getattr(getattr(cygrpc, owner), name)).parameters)
+            if params != want:
+                return f"cygrpc.{owner}.{name}{params} is not {want}"
+        for owner, names in _ATTRIBUTES.items():
+            missing = [n for n in names if not hasattr(getattr(cygrpc, owner), n)]
+            if missing:
+                return f"cygrpc.{owner} has no {', '.join(missing)}"
+        _build_ops((), 0, b"", b"")
+        cygrpc.ReceiveMessageOperation(0)
+        cygrpc.ReceiveCloseOnServerOperation(0)
+        queue = cygrpc.CompletionQueue()
+        idle = queue.poll(0).completion_type
+        queue.shutdown()
+        closed = queue.poll(0).completion_type
+        kinds = cygrpc.CompletionType
+        if (idle, closed) != (kinds.queue_timeout, kinds.queue_shutdown):
+            return f"a private completion queue polled {idle!r} then {closed!r}"
+    except Exception as exc:
+        return f"grpc internals differ ({type(exc).__name__}: {exc})"
+    return None
+
+
+def _build_ops(trailers: Metadata, code: int, details: bytes, payload: bytes | None) -> Any:
+    """The final send batch of an answer: initial metadata, the message if any, the status."""
+    if payload is None:
+        return (
+            cygrpc.SendInitialMetadataOperation((), 0),
+            cygrpc.SendStatusFromServerOperation(tuple(trailers), code, details, 0),
+        )
+    return (
+        cygrpc.SendInitialMetadataOperation((), 0),
+        cygrpc.SendMessageOperation(payload, 0),
+        cygrpc.SendStatusFromServerOperation(tuple(trailers), code, details, 0),
+    )
+
+
+# -- one call ---------------------------------------------------------------------------------
 
 
 class _NewCall:
@@ -87,6 +214,22 @@ class _Sent:
 
 _NEW_CALL = _NewCall()
 _SENT = _Sent()
+_OK_VALUE = grpc.StatusCode.OK.value[0]
+_INTERNAL = grpc.StatusCode.INTERNAL
+
+
+_NO_REQUEST = RichError(
+    _INTERNAL, "the call ended before its request arrived", reason=Reason.INTERNAL
+)
+
+
+def _pump_error(method: str, exc: BaseException) -> RichError:
+    """What a call gets when handling one of its events failed outside its handler."""
+    return RichError(
+        _INTERNAL,
+        f"internal error serving {method} ({type(exc).__name__})",
+        reason=Reason.INTERNAL,
+    )
 
 
 class RawCall:
@@ -128,12 +271,8 @@ class RawCall:
         if self._state >= _ANSWERED:
             return
         self._state = _ANSWERED
-        ops = (
-            cygrpc.SendInitialMetadataOperation((), 0),
-            cygrpc.SendMessageOperation(payload, 0),
-            cygrpc.SendStatusFromServerOperation((), _OK_VALUE, b"", 0),
-        )
-        self._endpoint._finish(self, self._call, ops, grpc.StatusCode.OK, sent=True)
+        ops = _build_ops((), _OK_VALUE, b"", payload)
+        self._endpoint._finish(self, ops, grpc.StatusCode.OK, sent=True)
 
     def reject(self, err: RichError) -> None:
         """Answer with a typed rejection and its rich details; dropped if ended."""
@@ -144,16 +283,8 @@ class RawCall:
         if self._state >= _ANSWERED:
             return
         self._state = _ANSWERED
-        ops = (
-            cygrpc.SendInitialMetadataOperation((), 0),
-            cygrpc.SendStatusFromServerOperation(
-                tuple(trailers), code.value[0], details.encode("utf-8", "replace"), 0
-            ),
-        )
-        self._endpoint._finish(self, self._call, ops, code, sent=False)
-
-
-_OK_VALUE = grpc.StatusCode.OK.value[0]
+        ops = _build_ops(trailers, code.value[0], details.encode("utf-8", "replace"), None)
+        self._endpoint._finish(self, ops, code, sent=False)
 
 
 class _MethodMetrics:
@@ -211,6 +342,9 @@ class RawUnaryEndpoint:
         # Set by the host when its other methods are guarded by an auth interceptor, which
         # this endpoint bypasses: (method, metadata) -> the rejection, or None to proceed.
         self.authorize: Callable[[str, Metadata], RichError | None] | None = None
+        # Set by the host: called on the loop, once, when the pump cannot go on.
+        self.on_failure: Callable[[str], None] | None = None
+        self.fault_hook: FaultHook | None = None
         self._core: Any = None
         self._cq: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -221,42 +355,59 @@ class RawUnaryEndpoint:
         self._poller_turn.set()
         self._loop_pumps: asyncio.Handle | None = None
         self._accepting = False
+        # After the server stopped: no operation may start on the queue any more.
+        self._closing = False
         self._thread: threading.Thread | None = None
+        # Progress, read by the liveness watchdog's thread (monotonic seconds).
+        self._handed_at = 0.0
+        self._pumped_at = 0.0
+        self.failure: str | None = None
+        self.event_failures = 0
+        self._failures_logged_at = -_FAILURE_LOG_INTERVAL_S
+        self._failures_unlogged = 0
         self.attached = False
 
     # -- lifecycle -----------------------------------------------------------------------------
 
-    def attach(self, server: grpc.aio.Server) -> bool:
+    def attach(self, server: grpc.aio.Server) -> str | None:
         """Register the method with ``server``'s core; before ``server.start()``.
 
-        False (and nothing changed) when grpc's internals are not as this module expects.
+        None when attached; otherwise why not (nothing changed, grpc.aio serves the method).
+        The caller checks :func:`fast_path_refusal` first.
         """
         core = _core_server(server)
         if core is None:
-            _log.warning(
-                "grpc internals not as expected: %s is served through grpc.aio", self.method
-            )
-            return False
+            return "the core server inside grpc.aio's server was not found"
         try:
             cq = cygrpc.CompletionQueue()
             core.register_completion_queue(cq)
             core.register_method(self.method)
-        except Exception:  # pragma: no cover - depends on the grpcio build
-            _log.warning("cannot register %s with the core server", self.method, exc_info=True)
-            return False
+        except Exception as exc:  # pragma: no cover - depends on the grpcio build
+            return f"cannot register {self.method} with the core server ({exc!r})"
         self._core = core
         self._cq = cq
         self.attached = True
-        return True
+        return None
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Begin taking calls; after ``server.start()``, on the loop that will run handlers."""
+        """Begin taking calls; after ``server.start()``, on the loop that will run handlers.
+
+        Raises :class:`ServingPathError` if calls cannot be requested: the method is
+        registered with the core by now, so nothing else would ever answer them.
+        """
         if not self.attached:
             return
         self._loop = loop
         self._accepting = True
-        for _ in range(_PREFETCH):
-            self._core.request_registered_call(self._cq, self._cq, self.method, _NEW_CALL)
+        try:
+            for _ in range(_PREFETCH):
+                self._core.request_registered_call(self._cq, self._cq, self.method, _NEW_CALL)
+        except Exception as exc:
+            self._accepting = False
+            raise ServingPathError(
+                f"the completion-queue path cannot request calls for {self.method} ({exc!r}); "
+                "run with --serving-path aio"
+            ) from exc
         self._thread = threading.Thread(
             target=self._poll_forever, name=f"cq:{self.method}", daemon=True
         )
@@ -272,20 +423,51 @@ class RawUnaryEndpoint:
         self._accepting = False
 
     async def close(self) -> None:
-        """After the server has stopped: shut the queue down and join the poller thread."""
+        """After the server has stopped: shut the queue down, drain it, join the poller.
+
+        From here on no operation starts on the queue (gRPC core aborts the process if one is
+        started on a queue that was shut down): late answers are dropped — the server's stop
+        has already ended their calls — and cancellation callbacks still run.
+        """
         self._accepting = False
-        if self._cq is None:
+        if self._cq is None or self._closing:
             return
-        self._cq.shutdown()
+        self._closing = True
         if self._loop_pumps is not None:
             self._loop_pumps.cancel()
             self._loop_pumps = None
-        self._poller_turn.set()
-        if self._thread is not None:
-            await asyncio.to_thread(self._thread.join, 5.0)
-            self._thread = None
-        while self._inbox:  # whatever the poller handed over last
-            self._handle(self._inbox.popleft())
+        self._cq.shutdown()
+        self._poller_turn.set()  # the poller drains the queue to its shutdown event
+        thread = self._thread
+        if thread is not None and thread.is_alive():
+            await asyncio.to_thread(thread.join, 5.0)
+        else:
+            await asyncio.to_thread(self._drain)
+        self._thread = None
+        self._pump_inbox()
+
+    def _drain(self) -> None:
+        """Poll a shut-down queue until it says so (when the poller is not there to)."""
+        try:
+            give_up = time.time() + 5.0
+            shutdown = cygrpc.CompletionType.queue_shutdown
+            while time.time() < give_up:
+                event = self._cq.poll(time.time() + 0.1)
+                if event.completion_type == shutdown:
+                    return
+                if event.completion_type != cygrpc.CompletionType.queue_timeout:
+                    self._inbox.append(event)
+        except Exception:
+            _log.exception("%s: cannot drain the completion queue", self.method)
+
+    # -- progress, for the liveness watchdog (any thread) ----------------------------------------
+
+    def stalled_since(self) -> float | None:
+        """Since when (monotonic) the loop has held the queue without taking from it; None
+        while the poller holds it (idle) or the endpoint is not running."""
+        if self._poller_turn.is_set() or self._closing or not self._accepting:
+            return None
+        return max(self._handed_at, self._pumped_at)
 
     # -- events ------------------------------------------------------------------------------
 
@@ -295,60 +477,92 @@ class RawUnaryEndpoint:
         shutdown = cygrpc.CompletionType.queue_shutdown
         loop = self._loop
         assert loop is not None
-        while True:
-            self._poller_turn.wait()
-            event = cq.poll()
-            kind = event.completion_type
-            if kind == timeout:
-                continue
-            if kind == shutdown:
-                return
-            # Hand the queue to the loop until it finds it empty again.
-            self._poller_turn.clear()
-            self._inbox.append(event)
-            try:
+        try:
+            while True:
+                if not self._closing:
+                    self._poller_turn.wait()
+                event = cq.poll()
+                kind = event.completion_type
+                if kind == timeout:
+                    continue
+                if kind == shutdown:
+                    return
+                self._inbox.append(event)
+                if self._closing:
+                    continue  # close() handles what is left once the queue is drained
+                if self.fault_hook is not None:
+                    self.fault_hook("poll", None)
+                # Hand the queue to the loop until it finds it empty again.
+                self._handed_at = time.monotonic()
+                self._poller_turn.clear()
                 loop.call_soon_threadsafe(self._pump)
-            except RuntimeError:  # the loop is closed: the process is exiting
+        except Exception as exc:
+            if loop.is_closed():  # the process is exiting without close()
                 return
+            self._fail(f"the completion-queue poller thread died ({exc!r})")
 
     def _pump(self) -> None:
+        self._pumped_at = time.monotonic()
+        if self._closing:
+            return
+        taken = 0
+        polled = False
+        try:
+            self._pump_inbox()
+            poll = self._cq.poll
+            handle = self._handle
+            batch_complete = cygrpc.CompletionType.operation_complete
+            while taken < _PUMP_BATCH:
+                event = poll(0)
+                if event.completion_type != batch_complete:
+                    break
+                taken += 1
+                try:
+                    handle(event)
+                except Exception as exc:
+                    self._event_failed(event, exc)
+            polled = True
+        except Exception as exc:  # the queue itself failed: nothing more can come off it
+            self._fail(f"polling the completion queue failed ({exc!r})")
+        finally:
+            loop = self._loop
+            if polled and taken and loop is not None and not self._closing:
+                # Still busy: look again after the loop's other ready callbacks (the batcher,
+                # worker replies) have run, without a thread hand-off per event.
+                self._loop_pumps = loop.call_soon(self._pump)
+            else:
+                # Idle (or broken): the poller thread blocks on the queue again and wakes the
+                # loop when the next event arrives.
+                self._loop_pumps = None
+                self._poller_turn.set()
+
+    def _pump_inbox(self) -> None:
         inbox = self._inbox
         while inbox:
-            self._handle(inbox.popleft())
-        cq = self._cq
-        batch_complete = cygrpc.CompletionType.operation_complete
-        taken = 0
-        while taken < _PUMP_BATCH:
-            event = cq.poll(0)
-            if event.completion_type != batch_complete:
-                break
-            self._handle(event)
-            taken += 1
-        if taken:
-            # Still busy: look again after the loop's other ready callbacks (the batcher,
-            # worker replies) have run, without a thread hand-off per event.
-            self._loop_pumps = self._loop.call_soon(self._pump) if self._loop else None
-        else:
-            # Idle: the poller thread blocks on the queue again and wakes the loop when the
-            # next event arrives.
-            self._loop_pumps = None
-            self._poller_turn.set()
+            event = inbox.popleft()
+            try:
+                self._handle(event)
+            except Exception as exc:
+                self._event_failed(event, exc)
 
     def _handle(self, event: Any) -> None:
         tag = event.tag
         if tag is _SENT:
             return
         if tag is _NEW_CALL:
-            if not event.success:  # the server is shutting down
+            if not event.success or self._closing:  # the server is shutting down
                 return
             if self._accepting:
-                self._core.request_registered_call(self._cq, self._cq, self.method, _NEW_CALL)
+                self._request_call()
             raw = RawCall(self, event.call, event.invocation_metadata, event.call_details.deadline)
             if self._metrics is not None:
                 self._metrics.started.inc()
             call = event.call
-            call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), _Close(raw))
-            call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), raw)
+            try:
+                call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), _Close(raw))
+                call.start_server_batch((cygrpc.ReceiveMessageOperation(0),), raw)
+            except Exception as exc:
+                self._event_failed(event, exc, raw)
             return
         if type(tag) is _Close:
             self._closed(tag.raw, event.batch_operations[0].cancelled())
@@ -356,18 +570,27 @@ class RawUnaryEndpoint:
         if type(tag) is RawCall:
             self._received(tag, event)
 
+    def _request_call(self) -> None:
+        try:
+            self._core.request_registered_call(self._cq, self._cq, self.method, _NEW_CALL)
+        except Exception as exc:
+            if self._accepting:  # not a shutdown race: no new call can come in any more
+                self._fail(f"requesting the next call failed ({exc!r})")
+
     def _received(self, raw: RawCall, event: Any) -> None:
-        if raw._state != _RECEIVING:
+        if raw._state != _RECEIVING or self._closing:
             return
         message = event.batch_operations[0].message() if event.success else None
         if message is None:
             # No request message: the client ended the call without one (or cancelled).
-            raw.fail(grpc.StatusCode.INTERNAL, "the call ended before its request arrived")
+            raw.reject(_NO_REQUEST)
             return
         if self._metrics is not None:
             self._metrics.received.inc()
         raw.request = message
         raw._state = _HANDLING
+        if self.fault_hook is not None:
+            self.fault_hook("event", raw)
         if self.authorize is not None:
             refused = self.authorize(self.method, raw.metadata)
             if refused is not None:
@@ -377,7 +600,8 @@ class RawUnaryEndpoint:
             self._handler(raw)
         except Exception as exc:
             _log.exception("%s handler failed", self.method)
-            raw.fail(grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})")
+            if raw.open:
+                raw.reject(_pump_error(self.method, exc))
 
     def _closed(self, raw: RawCall, cancelled: bool) -> None:
         if raw._state >= _ANSWERED:
@@ -396,11 +620,87 @@ class RawUnaryEndpoint:
                 _log.exception("%s cancellation callback failed", self.method)
 
     def _finish(
-        self, raw: RawCall, call: Any, ops: tuple[Any, ...], code: grpc.StatusCode, sent: bool
+        self, raw: RawCall, ops: tuple[Any, ...], code: grpc.StatusCode, sent: bool
     ) -> None:
         raw.on_cancel = None
-        call.start_server_batch(ops, _SENT)
+        if self._closing:  # the queue is shut down; the server's stop ended the call
+            self._observe(raw, "Canceled", sent=False)
+            return
+        try:
+            raw._call.start_server_batch(ops, _SENT)
+        except Exception as exc:
+            # Never raise into whoever answers (a batch answering many calls at once): this
+            # call alone fails; cancel it so its client is not left waiting.
+            self._count_failure(exc)
+            self._cancel(raw._call)
+            code, sent = _INTERNAL, False
         self._observe(raw, code_name(code), sent=sent)
+
+    # -- faults --------------------------------------------------------------------------------
+
+    def _event_failed(self, event: Any, exc: Exception, raw: RawCall | None = None) -> None:
+        """Handling ``event`` raised: fail the one call it belongs to; the pump goes on."""
+        self._count_failure(exc)
+        tag = getattr(event, "tag", None)
+        if raw is None:
+            if type(tag) is RawCall:
+                raw = tag
+            elif type(tag) is _Close:
+                raw = tag.raw
+        try:
+            if raw is not None:
+                if raw.open:
+                    raw.reject(_pump_error(self.method, exc))
+            elif tag is _NEW_CALL and getattr(event, "call", None) is not None:
+                # The call could not even be set up: answer it bare, or cancel it.
+                err = _pump_error(self.method, exc)
+                details = err.message.encode()
+                ops = _build_ops(err.trailing_metadata(), err.code.value[0], details, None)
+                event.call.start_server_batch(ops, _SENT)
+        except Exception:
+            self._cancel(raw._call if raw is not None else getattr(event, "call", None))
+
+    def _cancel(self, call: Any) -> None:
+        if call is None or self._closing:
+            return
+        try:
+            call.cancel()
+        except Exception:
+            _log.exception("%s: cannot cancel a call that failed", self.method)
+
+    def _count_failure(self, exc: BaseException) -> None:
+        self.event_failures += 1
+        now = time.monotonic()
+        if now - self._failures_logged_at < _FAILURE_LOG_INTERVAL_S:
+            self._failures_unlogged += 1
+            return
+        _log.error(
+            "%s: handling an event failed; that call alone gets INTERNAL",
+            self.method,
+            exc_info=exc,
+            extra={"failures_not_logged": self._failures_unlogged},
+        )
+        self._failures_logged_at = now
+        self._failures_unlogged = 0
+
+    def _fail(self, reason: str) -> None:
+        """The pump cannot go on: record why and tell the host, on the loop (any thread)."""
+        if self.failure is not None:
+            return
+        self.failure = reason
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):  # closed in between
+            loop.call_soon_threadsafe(self._report_failure)
+
+    def _report_failure(self) -> None:
+        if self.failure is None:
+            return
+        if self.on_failure is not None:
+            self.on_failure(self.failure)  # the host logs it, with what it does about it
+        else:
+            _log.error("%s: the completion-queue path cannot go on: %s", self.method, self.failure)
 
     def _observe(self, raw: RawCall, code: str, sent: bool) -> None:
         metrics = self._metrics

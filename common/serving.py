@@ -3,9 +3,15 @@
 What it decides: the plumbing around a ``grpc.aio`` server that controller, gateway and worker
 share (design sections 3 and 6), so none of them re-invents it:
 
-* health (``grpc.health.v1``) with separate names: ``liveness`` SERVING from start until stop;
+* health (``grpc.health.v1``) with separate names: ``liveness`` SERVING from start until stop
+  while the data path makes progress (``common.liveness`` judges it from a watchdog thread);
   ``readiness``, ``""`` and every added service's full name NOT_SERVING until
-  :meth:`ServiceHost.set_ready` — Kubernetes' native gRPC probes can use either name;
+  :meth:`ServiceHost.set_ready`, and whenever liveness is off — Kubernetes' native gRPC probes
+  can use either name, on the main port or on a probe port (``--health-listen``) that gRPC's
+  own threads answer, off the event loop;
+* which path serves the hot unary methods (``--serving-path``, ADR 0010): the completion-queue
+  endpoints (``common.raw_unary``) where grpcio is a verified release, else ``grpc.aio``, said
+  in one log line; an endpoint that fails for good turns liveness off and stops the process;
 * server reflection, so ``grpcurl -plaintext host:port list`` works with no proto files;
 * ``grpc_server_*`` Prometheus metrics plus process metrics on a per-host registry, served on
   a separate HTTP port;
@@ -24,6 +30,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -31,7 +38,7 @@ import signal
 import socket
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from socketserver import ThreadingMixIn
 from typing import Any
@@ -43,6 +50,7 @@ from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 from prometheus_client import (
     CollectorRegistry,
+    Gauge,
     GCCollector,
     PlatformCollector,
     ProcessCollector,
@@ -52,13 +60,17 @@ from prometheus_client import (
 from common.auth import AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
-from common.health import NOT_SERVING, SERVING, HealthService
-from common.raw_unary import RawUnaryEndpoint
+from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
+from common.liveness import LIVE, LivenessWatchdog, Verdict
+from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
 
 __all__ = [
     "LIVENESS",
     "READINESS",
+    "SERVING_PATHS",
+    "SERVING_PATH_ENV",
     "ServiceHost",
+    "ServingFailed",
     "ServingOptions",
     "TlsOptions",
     "add_serving_arguments",
@@ -71,6 +83,17 @@ LIVENESS = "liveness"
 READINESS = "readiness"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
 _log = logging.getLogger("halcyon.serving")
+# fast: the completion-queue endpoints where grpcio is verified (else aio, said once); aio: never.
+SERVING_PATHS = ("fast", "aio")
+SERVING_PATH_ENV = "HALCYON_SERVING_PATH"
+
+
+def _default_serving_path() -> str:
+    """``$HALCYON_SERVING_PATH`` if set (how the test suite runs both paths), else fast."""
+    value = os.environ.get(SERVING_PATH_ENV, "").strip().lower() or "fast"
+    if value not in SERVING_PATHS:
+        raise ValueError(f"${SERVING_PATH_ENV} must be one of {', '.join(SERVING_PATHS)}")
+    return value
 
 
 def parse_hostport(value: str) -> tuple[str, int]:
@@ -132,6 +155,14 @@ class ServingOptions:
     ready_file: Path | None = None  # {"grpc": "h:p", "metrics": "h:p", "pid": n}, atomically
     grace_s: float = 10.0  # SIGTERM grace for in-flight RPCs
     tls: TlsOptions | None = None  # server cert/key (+ client CA for mTLS)
+    serving_path: str = field(default_factory=_default_serving_path)  # "fast" | "aio"
+    health_listen: str | None = None  # host:port for a loop-free health probe port; None = off
+    stall_limit_s: float = 10.0  # liveness off after this long without data-path progress
+
+
+class ServingFailed(Exception):
+    """:meth:`ServiceHost.serve_until_signal` stopped the host because a completion-queue
+    endpoint could not go on (already logged): the process should exit non-zero."""
 
 
 class _QuietHandler(WSGIRequestHandler):
@@ -228,6 +259,15 @@ class ServiceHost:
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         self._services: list[str] = []
         self._raw_endpoints: list[RawUnaryEndpoint] = []
+        # Health as published: readiness is what the host was told AND live (see _publish).
+        self._want_ready = False
+        self._verdict: Verdict = LIVE
+        self._health_lock = threading.Lock()
+        self._probe: ProbeServer | None = None
+        self._watchdog: LivenessWatchdog | None = None
+        self.serving_path = "aio"  # what serves the raw endpoints' methods, once started
+        self.failure: str | None = None  # why a raw endpoint stopped for good
+        self.health_address: str | None = None
         self._metrics_http: _MetricsHttpServer | None = None
         self._shutdown = asyncio.Event()
         self._started = False
@@ -262,6 +302,7 @@ class ServiceHost:
             raise RuntimeError("add_raw_unary must be called before start()")
         if self._auth is not None:
             endpoint.authorize = self._auth.check
+        endpoint.on_failure = functools.partial(self._raw_endpoint_failed, endpoint.method)
         self._raw_endpoints.append(endpoint)
         self.scrape_hooks.add(endpoint.flush_metrics)
 
@@ -273,9 +314,7 @@ class ServiceHost:
         reflection.enable_server_reflection(
             (*self._services, _HEALTH_SERVICE, reflection.SERVICE_NAME), self.server
         )
-        self.health.set(LIVENESS, SERVING)
-        for name in self._readiness_names():
-            self.health.set(name, NOT_SERVING)
+        self._publish_health()
 
         host, _ = parse_hostport(self.options.listen)
         try:
@@ -291,12 +330,12 @@ class ServiceHost:
             raise OSError(f"{self.name}: cannot bind gRPC on {self.options.listen}")
         self.grpc_port = port
         self.grpc_address = format_hostport(host, port)
-        for endpoint in self._raw_endpoints:
-            endpoint.attach(self.server)
+        self._open_probe_port()
+        self._choose_serving_path()
         await self.server.start()
         loop = asyncio.get_running_loop()
-        for endpoint in self._raw_endpoints:
-            endpoint.start(loop)
+        await self._start_raw_endpoints(loop)
+        self._start_watchdog(loop)
 
         if self.options.metrics_listen:
             try:
@@ -315,14 +354,124 @@ class ServiceHost:
                 "grpc": self.grpc_address,
                 "metrics": self.metrics_address,
                 "tls": self.options.tls is not None,
+                "health": self.health_address,
+                "serving_path": self.serving_path,
             },
         )
 
     def _readiness_names(self) -> list[str]:
         return [READINESS, "", *self._services]
 
+    # -- serving path and liveness (ADR 0010) ---------------------------------------------------
+
+    def _choose_serving_path(self) -> None:
+        """Attach the raw endpoints where allowed; otherwise say once why grpc.aio serves."""
+        if not self._raw_endpoints:
+            return
+        methods = [e.method for e in self._raw_endpoints]
+        if self.options.serving_path == "aio":
+            why: str | None = "--serving-path aio"
+        else:
+            why = fast_path_refusal()
+            if why is None:
+                refusals = [r for e in self._raw_endpoints if (r := e.attach(self.server))]
+                why = refusals[0] if refusals else None
+        self.serving_path = "fast" if why is None else "aio"
+        Gauge(
+            "halcyon_serving_path_info",
+            "1 for the path serving this process's hot unary methods: fast (completion queue) "
+            "or aio (grpc.aio, when forced or when grpcio is not a verified release)",
+            ["path"],
+            registry=self.registry,
+        ).labels(self.serving_path).set(1)
+        if why is not None:
+            forced = self.options.serving_path == "aio"
+            _log.log(
+                logging.INFO if forced else logging.WARNING,
+                f"serving {', '.join(methods)} through grpc.aio: {why}",
+                extra={"serving_path": "aio", "grpcio": grpc.__version__},
+            )
+
+    async def _start_raw_endpoints(self, loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            for endpoint in self._raw_endpoints:
+                endpoint.start(loop)
+        except ServingPathError:
+            # Registered with the core but unable to take calls: stop before anyone waits.
+            await self.server.stop(0)
+            for endpoint in self._raw_endpoints:
+                await endpoint.close()
+            raise
+
+    def _open_probe_port(self) -> None:
+        if not self.options.health_listen:
+            return
+        self._probe = ProbeServer(self.options.health_listen)
+        host, _ = parse_hostport(self.options.health_listen)
+        self.health_address = format_hostport(host, self._probe.port)
+        self._publish_health()
+
+    def _start_watchdog(self, loop: asyncio.AbstractEventLoop) -> None:
+        pumps = [e for e in self._raw_endpoints if e.attached]
+        self._watchdog = LivenessWatchdog(
+            loop, pumps, self.options.stall_limit_s, self._liveness_changed
+        )
+        self._watchdog.start()
+
+    def _liveness_changed(self, verdict: Verdict) -> None:
+        """The watchdog's thread: the probe port at once, the loop's health when it runs."""
+        self._verdict = verdict
+        if verdict.live:
+            _log.info("liveness SERVING again", extra={"host_name": self.name})
+        else:
+            _log.warning(f"liveness NOT_SERVING: {verdict.reason}", extra={"host_name": self.name})
+        self._publish_probe()
+        if self._watchdog is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self._watchdog.loop.call_soon_threadsafe(self._publish_health)
+
+    def _raw_endpoint_failed(self, method: str, reason: str) -> None:
+        """A raw endpoint cannot go on (on the loop): calls would wait for nothing. Liveness
+        and readiness off, then stop like on SIGTERM; :meth:`serve_until_signal` exits 1."""
+        if self.failure is not None:
+            return
+        self.failure = f"{method}: {reason}"
+        _log.error(
+            f"the completion-queue path for {method} cannot go on ({reason}); liveness and "
+            "readiness are NOT_SERVING and the process stops (set --serving-path aio if it "
+            "recurs)",
+            extra={"host_name": self.name},
+        )
+        self._publish_health()
+        self.request_shutdown()
+
+    def _health_statuses(self) -> dict[str, int]:
+        live = self._verdict.live and self.failure is None
+        ready = SERVING if live and self._want_ready else NOT_SERVING
+        return {LIVENESS: SERVING if live else NOT_SERVING} | {
+            name: ready for name in self._readiness_names()
+        }
+
+    def _publish_probe(self) -> None:
+        """Any thread."""
+        with self._health_lock:
+            if self._probe is not None:
+                for name, status in self._health_statuses().items():
+                    self._probe.set(name, status)
+
+    def _publish_health(self) -> None:
+        """On the loop: the main port's health and the probe port's."""
+        for name, status in self._health_statuses().items():
+            self.health.set(name, status)
+        self._publish_probe()
+
     def _write_ready_file(self, path: Path) -> None:
-        payload = {"grpc": self.grpc_address, "metrics": self.metrics_address, "pid": os.getpid()}
+        payload = {
+            "grpc": self.grpc_address,
+            "metrics": self.metrics_address,
+            "health": self.health_address,
+            "pid": os.getpid(),
+        }
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(payload) + "\n")
@@ -330,9 +479,8 @@ class ServiceHost:
 
     def set_ready(self, ready: bool) -> None:
         """Readiness (``readiness``, ``""`` and every added service name) on or off, now."""
-        status = SERVING if ready else NOT_SERVING
-        for name in self._readiness_names():
-            self.health.set(name, status)
+        self._want_ready = ready
+        self._publish_health()
 
     @property
     def ready(self) -> bool:
@@ -344,12 +492,19 @@ class ServiceHost:
             return
         self._stopped = True
         self.health.shutdown()
+        if self._watchdog is not None:
+            self._watchdog.stop()
+        if self._probe is not None:
+            self._probe.shutdown()
         grace = self.options.grace_s if grace_s is None else grace_s
         for endpoint in self._raw_endpoints:
             endpoint.stop_accepting()
         await self.server.stop(grace)
         for endpoint in self._raw_endpoints:
             await endpoint.close()
+        if self._probe is not None:
+            await asyncio.to_thread(self._probe.stop)
+            self._probe = None
         if self._metrics_http is not None:
             await asyncio.to_thread(self._metrics_http.close)
             self._metrics_http = None
@@ -363,7 +518,10 @@ class ServiceHost:
         self, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Wait for SIGTERM/SIGINT (or :meth:`request_shutdown`), then shut down gracefully:
-        readiness off, ``await on_shutdown()``, ``server.stop(grace)``."""
+        readiness off, ``await on_shutdown()``, ``server.stop(grace)``.
+
+        Raises :class:`ServingFailed` after that stop if it began because a completion-queue
+        endpoint failed for good rather than on request."""
         loop = asyncio.get_running_loop()
         installed: list[signal.Signals] = []
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -383,6 +541,9 @@ class ServiceHost:
             for sig in installed:
                 with contextlib.suppress(Exception):
                     loop.remove_signal_handler(sig)
+        if self.failure is not None:
+            # Stopped because a raw endpoint failed, not because we were asked to.
+            raise ServingFailed(self.failure)
 
     def _on_signal(self, sig: signal.Signals) -> None:
         _log.info("signal received", extra={"signal": sig.name, "host_name": self.name})
@@ -395,7 +556,8 @@ class ServiceHost:
 def add_serving_arguments(
     parser: argparse.ArgumentParser, *, default_listen: str, default_metrics_listen: str
 ) -> None:
-    """``--listen --metrics-listen --ready-file --log-level --tls-* --shutdown-grace``."""
+    """``--listen --metrics-listen --ready-file --log-level --shutdown-grace --serving-path
+    --health-listen --stall-limit --tls-*``."""
     group = parser.add_argument_group("serving")
     group.add_argument(
         "--listen",
@@ -428,6 +590,7 @@ def add_serving_arguments(
         metavar="SECONDS",
         help="on SIGTERM, how long in-flight work may take to finish (default 10)",
     )
+    add_serving_path_arguments(group)
     group.add_argument("--tls-cert", type=Path, metavar="PEM", help="TLS certificate")
     group.add_argument("--tls-key", type=Path, metavar="PEM", help="TLS private key")
     group.add_argument(
@@ -436,6 +599,38 @@ def add_serving_arguments(
         metavar="PEM",
         help="CA for peers: on the server, require client certificates signed by it (mTLS); "
         "on outgoing calls, verify the server with it",
+    )
+
+
+def add_serving_path_arguments(group: argparse._ArgumentGroup) -> None:
+    """``--serving-path --health-listen --stall-limit`` (ADR 0010)."""
+    try:
+        default_path = _default_serving_path()
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    group.add_argument(
+        "--serving-path",
+        choices=SERVING_PATHS,
+        default=default_path,
+        help="what serves the hot unary methods (the gateway's Infer, the worker's "
+        "ExecuteBatch): 'fast' = gRPC's completion queue where grpcio is a release the test "
+        "suite verified, else grpc.aio with one log line saying why; 'aio' = always grpc.aio "
+        f"(default ${SERVING_PATH_ENV} or fast: %(default)s)",
+    )
+    group.add_argument(
+        "--health-listen",
+        default="off",
+        metavar="HOST:PORT",
+        help="also answer grpc.health.v1 (liveness, readiness) on this plaintext port from "
+        "gRPC's own threads, off the event loop: for Kubernetes probes (default %(default)s)",
+    )
+    group.add_argument(
+        "--stall-limit",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="liveness turns NOT_SERVING when the event loop runs nothing, or a completion "
+        "queue holds calls nobody takes, for this long (default %(default)s)",
     )
 
 
@@ -451,10 +646,23 @@ def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
     metrics = args.metrics_listen
     if metrics is not None and metrics.strip().lower() in ("", "off", "none"):
         metrics = None
+    health_listen = args.health_listen
+    if health_listen is not None and health_listen.strip().lower() in ("", "off", "none"):
+        health_listen = None
+    if health_listen is not None:
+        try:
+            parse_hostport(health_listen)
+        except ValueError as exc:
+            raise SystemExit(f"--health-listen: {exc}") from None
+    if not args.stall_limit > 0:
+        raise SystemExit("--stall-limit must be a positive number of seconds")
     return ServingOptions(
         listen=args.listen,
         metrics_listen=metrics,
         ready_file=args.ready_file,
         grace_s=args.shutdown_grace,
         tls=tls,
+        serving_path=args.serving_path,
+        health_listen=health_listen,
+        stall_limit_s=args.stall_limit,
     )

@@ -17,6 +17,7 @@ from common.auth import DEV_FLEET_TOKEN, FLEET_TOKEN_ENV, token_from_env_or_defa
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
+    ServingFailed,
     TlsOptions,
     add_serving_arguments,
     serving_options_from_args,
@@ -158,6 +159,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+    except ServingFailed:
+        return 1  # logged when the completion-queue path failed
     except OSError as exc:
         _log.error("gateway failed to start", extra={"error": str(exc)})
         return 1

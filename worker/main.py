@@ -24,6 +24,7 @@ from common.backoff import Backoff
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
 from common.serving import (
+    ServingFailed,
     TlsOptions,
     add_serving_arguments,
     serving_options_from_args,
@@ -224,6 +225,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         asyncio.run(main())
+    except ServingFailed:
+        return 1  # logged when the completion-queue path failed
     except OSError as exc:
         _log.error("worker failed to start", extra={"error": str(exc)})
         return 1

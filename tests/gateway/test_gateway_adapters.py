@@ -9,14 +9,14 @@ from typing import Any
 import grpc
 import pytest
 
-import common.raw_unary as raw_unary
 from common.errors import Reason
+from common.serving import SERVING_PATH_ENV
 
 
 @pytest.fixture(params=["completion-queue", "aio-fallback"])
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    if request.param == "aio-fallback":
-        monkeypatch.setattr(raw_unary, "_core_server", lambda _server: None)
+    # Every ServingOptions built in the test (gateway and workers) takes its default from here.
+    monkeypatch.setenv(SERVING_PATH_ENV, "fast" if request.param == "completion-queue" else "aio")
     return str(request.param)
 
 

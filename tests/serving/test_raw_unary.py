@@ -1,10 +1,13 @@
 """The completion-queue endpoint on a real ServiceHost: answers, errors, cancellation, metrics,
-auth, shutdown, and the fall-back to grpc.aio when it cannot attach."""
+auth, shutdown, fault isolation, and when grpc.aio serves instead (ADR 0006, ADR 0010)."""
 
 from __future__ import annotations
 
 import asyncio
+import inspect
+import logging
 from collections.abc import AsyncIterator, Callable
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -14,8 +17,14 @@ import pytest
 import common.raw_unary as raw_unary
 from common.auth import AuthPolicy, Role, bearer_metadata
 from common.errors import Reason, RichError, parse_rpc_error, unavailable
-from common.raw_unary import RawCall, RawUnaryEndpoint
-from common.serving import ServiceHost, ServingOptions
+from common.raw_unary import (
+    VERIFIED_GRPCIO,
+    RawCall,
+    RawUnaryEndpoint,
+    ServingPathError,
+    fast_path_refusal,
+)
+from common.serving import ServiceHost, ServingFailed, ServingOptions
 
 SERVICE = "halcyon.test.Raw"
 METHOD = f"/{SERVICE}/Call"
@@ -71,12 +80,19 @@ HostWithHandler = tuple[ServiceHost, Handler, RawUnaryEndpoint]
 async def make_raw_host() -> AsyncIterator[Callable[..., Any]]:
     hosts: list[ServiceHost] = []
 
-    async def make(auth: AuthPolicy | None = None) -> HostWithHandler:
-        host = ServiceHost("raw", ServingOptions(metrics_listen=None), auth)
+    async def make(
+        auth: AuthPolicy | None = None,
+        path: str = "fast",
+        before_start: Callable[[RawUnaryEndpoint], None] | None = None,
+    ) -> HostWithHandler:
+        options = ServingOptions(metrics_listen=None, serving_path=path, grace_s=1.0)
+        host = ServiceHost("raw", options, auth)
         handler = Handler()
         endpoint = RawUnaryEndpoint(METHOD, handler, host.grpc_metrics)
         host.add_service(_register, None, SERVICE)
         host.add_raw_unary(endpoint)
+        if before_start is not None:
+            before_start(endpoint)
         await host.start()
         hosts.append(host)
         return host, handler, endpoint
@@ -96,11 +112,14 @@ def _sample(host: ServiceHost, name: str, **labels: str) -> float:
     return host.registry.get_sample_value(name, full) or 0.0
 
 
-async def test_it_attaches_to_the_pinned_grpc(make_raw_host: Any) -> None:
-    # If a grpcio upgrade changes the internals this relies on, fail here instead of
-    # silently serving the hot methods through the slower aio path.
-    _, _, endpoint = await make_raw_host()
-    assert endpoint.attached
+async def test_the_installed_grpcio_is_verified_and_attaches(make_raw_host: Any) -> None:
+    # A grpcio outside VERIFIED_GRPCIO (constraints.txt bumped, internals changed) fails here
+    # instead of silently serving the hot methods through the slower aio path: run the suite
+    # on it (both paths) and add its minor release to the table.
+    assert fast_path_refusal() is None, fast_path_refusal()
+    host, _, endpoint = await make_raw_host()
+    assert endpoint.attached and host.serving_path == "fast"
+    assert ".".join(grpc.__version__.split(".")[:2]) in VERIFIED_GRPCIO
 
 
 async def test_replies_and_sees_metadata_and_deadline(make_raw_host: Any) -> None:
@@ -136,8 +155,94 @@ async def test_a_handler_bug_is_internal_not_unknown(make_raw_host: Any) -> None
         with pytest.raises(grpc.aio.AioRpcError) as caught:
             await call(b"boom", timeout=5)
         assert await call(b"ok:still-serving", timeout=5) == b"still-serving"
-    assert caught.value.code() == grpc.StatusCode.INTERNAL
-    assert "ValueError" in (caught.value.details() or "")
+    err = parse_rpc_error(caught.value)
+    assert err.code == grpc.StatusCode.INTERNAL and err.reason == Reason.INTERNAL
+    assert "ValueError" in err.message
+
+
+async def test_a_pump_fault_fails_only_the_call_it_was_handling(
+    make_raw_host: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fault(stage: str, raw: RawCall | None) -> None:
+        if stage == "event" and raw is not None and raw.request == b"ok:fault":
+            raise KeyError("injected")
+
+    def install(endpoint: RawUnaryEndpoint) -> None:
+        endpoint.fault_hook = fault
+
+    host, _, endpoint = await make_raw_host(before_start=install)
+    channel, call = _call(host)
+    async with channel:
+        bodies = [f"ok:{i}".encode() for i in range(20)] + [b"ok:fault"]
+        outcomes = await asyncio.gather(
+            *(call(b, timeout=5) for b in bodies), return_exceptions=True
+        )
+        assert outcomes[:20] == [str(i).encode() for i in range(20)]
+        assert isinstance(outcomes[20], grpc.aio.AioRpcError)
+        err = parse_rpc_error(outcomes[20])
+        assert err.code == grpc.StatusCode.INTERNAL and err.reason == Reason.INTERNAL
+        again = await asyncio.gather(*(call(b"ok:x", timeout=5) for _ in range(20)))
+    assert again == [b"x"] * 20  # the pump went on
+    assert endpoint.event_failures == 1 and endpoint.failure is None
+    assert _sample(host, "grpc_server_handled_total", grpc_code="Internal") == 1
+    assert [r for r in caplog.records if "handling an event failed" in r.getMessage()]
+
+
+async def test_a_dead_poller_turns_health_off_and_stops_the_host(
+    make_raw_host: Any, wait_until: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    dying: list[bool] = []
+
+    def fault(stage: str, raw: RawCall | None) -> None:
+        if stage == "poll" and dying:
+            raise RuntimeError("injected")
+        if raw is not None and raw.request == b"ok:die":
+            dying.append(True)
+
+    def install(endpoint: RawUnaryEndpoint) -> None:
+        endpoint.fault_hook = fault
+
+    host, _, endpoint = await make_raw_host(before_start=install)
+    host.set_ready(True)
+    serving = asyncio.ensure_future(host.serve_until_signal())
+    channel, call = _call(host)
+    async with channel:
+        assert await call(b"ok:die", timeout=5) == b"die"
+        await asyncio.sleep(0.1)  # the loop hands the idle queue back to the poller
+        stranded = asyncio.ensure_future(call(b"ok:x", timeout=30))
+        await wait_until(lambda: endpoint.failure is not None)
+        assert host.health.get("liveness") == host.health.get("readiness") == 2  # NOT_SERVING
+        with pytest.raises(ServingFailed, match="poller thread died"):
+            await asyncio.wait_for(serving, 10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await asyncio.wait_for(stranded, 5)  # answered at the stop, not at its deadline
+    assert caught.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
+    assert "poller thread died" in (host.failure or "")
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "cannot go on" in errors[0].getMessage(), errors
+
+
+async def test_calls_that_cannot_be_requested_fail_the_start(make_raw_host: Any) -> None:
+    # A changed internal after attach: the start fails at once, loudly, before anyone waits.
+    class Refusing:
+        def __init__(self, core: Any) -> None:
+            self._core = core
+
+        def request_registered_call(self, *args: Any) -> None:
+            raise TypeError("request_registered_call() takes 5 arguments")
+
+    def break_core(endpoint: RawUnaryEndpoint) -> None:
+        original = endpoint.attach
+
+        def attach(server: Any) -> str | None:
+            why = original(server)
+            endpoint._core = Refusing(endpoint._core)
+            return why
+
+        endpoint.attach = attach  # type: ignore[method-assign]
+
+    with pytest.raises(ServingPathError, match="--serving-path aio"):
+        await make_raw_host(before_start=break_core)
 
 
 async def test_client_deadline_cancels_and_a_late_answer_is_dropped(
@@ -194,16 +299,70 @@ async def test_stop_answers_in_flight_calls_within_the_grace(
         assert await asyncio.wait_for(pending, 2.0) == b"done"
 
 
-async def test_without_the_internals_grpc_aio_serves_the_method(
-    make_raw_host: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(raw_unary, "_core_server", lambda _server: None)
-    host, handler, endpoint = await make_raw_host()
-    assert not endpoint.attached
+async def _served_by_aio(host: ServiceHost, handler: Handler, endpoint: RawUnaryEndpoint) -> None:
+    assert not endpoint.attached and host.serving_path == "aio"
     channel, call = _call(host)
     async with channel:
         assert await call(b"ok:x", timeout=5) == b"aio:ok:x"
     assert handler.metadata == []
+
+
+def _path_lines(caplog: pytest.LogCaptureFixture) -> list[logging.LogRecord]:
+    return [r for r in caplog.records if "through grpc.aio" in r.getMessage()]
+
+
+async def test_without_the_core_server_grpc_aio_serves_the_method(
+    make_raw_host: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(raw_unary, "_core_server", lambda _server: None)
+    await _served_by_aio(*await make_raw_host())
+    (line,) = _path_lines(caplog)
+    assert "core server" in line.getMessage() and line.levelno == logging.WARNING
+
+
+async def test_an_unverified_grpcio_is_served_by_aio_with_one_line(
+    make_raw_host: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(grpc, "__version__", "1.99.0")
+    await _served_by_aio(*await make_raw_host())
+    (line,) = _path_lines(caplog)
+    assert "grpcio 1.99.0 is not a release" in line.getMessage()
+    assert line.levelno == logging.WARNING
+
+
+async def test_serving_path_aio_forces_grpc_aio(
+    make_raw_host: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="halcyon.serving")
+    await _served_by_aio(*await make_raw_host(path="aio"))
+    (line,) = _path_lines(caplog)
+    assert "--serving-path aio" in line.getMessage() and line.levelno == logging.INFO
+
+
+async def test_changed_internal_signatures_are_refused_before_attaching(
+    make_raw_host: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A stand-in for cygrpc whose request_registered_call grew a parameter.
+    def request_registered_call(self: Any, call_queue: Any, server_queue: Any, method: Any,
+                                tag: Any, flags: Any) -> None: ...  # fmt: skip
+
+    real = raw_unary.cygrpc.Server
+    server = SimpleNamespace(
+        register_completion_queue=real.register_completion_queue,
+        register_method=real.register_method,
+        request_registered_call=request_registered_call,
+    )
+    fake = SimpleNamespace(**vars(raw_unary.cygrpc) | {"Server": server})
+    assert inspect.signature(fake.Server.request_registered_call).parameters
+    monkeypatch.setattr(raw_unary, "cygrpc", fake)
+    raw_unary._internals_refusal.cache_clear()
+    try:
+        assert "request_registered_call" in (fast_path_refusal() or "")
+        await _served_by_aio(*await make_raw_host())
+    finally:
+        raw_unary._internals_refusal.cache_clear()
+    (line,) = _path_lines(caplog)
+    assert "request_registered_call" in line.getMessage()
 
 
 def test_rich_error_trailers_survive_the_raw_path_shape() -> None:
