@@ -4,13 +4,32 @@ What it decides: the delay after the n-th consecutive failure — exponential fr
 by ``multiplier``, capped at ``max_s``, with jitter that only shortens it (``* (1 - jitter * U)``)
 so the cap is a real ceiling and a fleet restarted together does not reconnect in lockstep.
 The caller resets the attempt count once a session is established.
+
+The backoff is for *refusals* (a wrong credential, a controller shutting down). A controller
+that is merely unreachable is waited for by the channel itself (``wait_for_ready`` calls on a
+channel with :func:`controller_channel_options`), which retries the connection at most every
+``CONTROLLER_RECONNECT_MAX_S``: a restarted controller is re-joined within about a second of
+listening again, however long it was gone (ADR 0011).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Backoff"]
+__all__ = ["CONTROLLER_RECONNECT_MAX_S", "Backoff", "controller_channel_options"]
+
+# Longest wait between two connection attempts to an unreachable controller.
+CONTROLLER_RECONNECT_MAX_S = 1.0
+
+
+def controller_channel_options() -> list[tuple[str, int]]:
+    """gRPC channel options for a channel to the controller: connection attempts start after
+    100 ms and back off to at most ``CONTROLLER_RECONNECT_MAX_S`` (gRPC's default is 120 s).
+    A refused TCP connection costs next to nothing, so trying every second is cheap."""
+    return [
+        ("grpc.initial_reconnect_backoff_ms", 100),
+        ("grpc.max_reconnect_backoff_ms", int(CONTROLLER_RECONNECT_MAX_S * 1000)),
+    ]
 
 
 @dataclass(frozen=True)

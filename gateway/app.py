@@ -29,6 +29,7 @@ from google.protobuf.message import DecodeError
 from opentelemetry import trace
 
 from common.auth import bearer_metadata
+from common.backoff import controller_channel_options
 from common.clock import Clock, MonotonicClock
 from common.durations import set_duration, to_duration
 from common.errors import (
@@ -289,11 +290,14 @@ class GatewayApp:
                 channel = grpc.aio.secure_channel(
                     cfg.controller,
                     cfg.controller_tls.channel_credentials(),
+                    options=controller_channel_options(),
                     interceptors=self._client_interceptors,
                 )
             else:
                 channel = grpc.aio.insecure_channel(
-                    cfg.controller, interceptors=self._client_interceptors
+                    cfg.controller,
+                    options=controller_channel_options(),
+                    interceptors=self._client_interceptors,
                 )
             self._controller_channel = channel
             self.link = ControllerLink(
@@ -379,8 +383,11 @@ class GatewayApp:
             self.dispatchers[key] = d
         return d
 
-    def apply_snapshot(self, snapshot: control_pb2.WatchFleetResponse) -> None:
-        diff = self.fleet.apply(snapshot)
+    def apply_snapshot(
+        self, snapshot: control_pb2.WatchFleetResponse, new_stream: bool = False
+    ) -> None:
+        """Take in a controller snapshot (merged while the controller warms up, ADR 0011)."""
+        diff = self.fleet.apply(snapshot, new_stream=new_stream)
         for info in diff.removed:
             d = self.dispatchers.get((info.model, info.version))
             if d is not None:
@@ -391,7 +398,7 @@ class GatewayApp:
                 d.drain_replica(info.replica_id)
             else:
                 d.upsert_replica(info.replica_id, info.address, info.slots, info.speed)
-        if not diff.empty:
+        if not diff.empty or (new_stream and self.fleet.carried):
             log.info(
                 "fleet updated",
                 extra={
@@ -399,6 +406,8 @@ class GatewayApp:
                     "replicas": len(self.fleet.replicas),
                     "added": [r.replica_id for r in diff.added],
                     "removed": [r.replica_id for r in diff.removed],
+                    # Known from before a controller restart, not re-registered yet.
+                    "carried_over": sorted(self.fleet.carried),
                 },
             )
         routable = any(not r.draining for r in self.fleet.replicas.values())

@@ -1,11 +1,16 @@
 """The gateway's two streams to the controller, kept alive with backoff.
 
-* ``WatchFleet`` (server stream): fleet snapshots in, applied as they arrive.
+* ``WatchFleet`` (server stream): fleet snapshots in, applied as they arrive (the first of
+  each stream marked as such, see :mod:`gateway.fleet_state`).
 * ``ReportOutcomes`` (client stream): request and batch outcomes out, flushed every second.
 
 The data path never waits on either. If the controller goes away the gateway keeps serving
 on the last snapshot, outcome reports queue in a bounded buffer (oldest dropped first, and
-counted), and both streams reconnect with capped exponential backoff and jitter.
+counted), and both streams reconnect with capped exponential backoff and jitter. An
+unreachable controller is waited for by the channel (``wait_for_ready``; connection attempts
+at most a second apart), so a restarted one is resubscribed to within about a second; the
+backoff is for refusals. A stream that ended after delivering snapshots is resubscribed after
+the first, short backoff step.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ class ControllerLink:
         channel: grpc.aio.Channel,
         gateway_id: str,
         fleet_token: str,
-        on_snapshot: Callable[[control_pb2.WatchFleetResponse], None],
+        on_snapshot: Callable[[control_pb2.WatchFleetResponse, bool], None],
         report_status: Callable[[], tuple[int, int, list[fleet_pb2.CostModel]]],
         report_interval_s: float = 1.0,
     ) -> None:
@@ -97,13 +102,22 @@ class ControllerLink:
                 stream = self._stub.WatchFleet(
                     control_pb2.WatchFleetRequest(gateway_id=self._gateway_id),
                     metadata=self._metadata,
+                    wait_for_ready=True,  # an unreachable controller is waited for, not retried
                 )
+                first = True
                 async for snapshot in stream:
-                    if not self.connected:
-                        log.info("subscribed to fleet", extra={"generation": snapshot.generation})
+                    if first:
+                        log.info(
+                            "subscribed to fleet",
+                            extra={
+                                "generation": snapshot.generation,
+                                "warming_up": snapshot.warming_up,
+                            },
+                        )
                     self.connected = True
                     attempt = 0
-                    self._on_snapshot(snapshot)
+                    self._on_snapshot(snapshot, first)
+                    first = False
                 if self.connected:
                     log.warning("the controller closed the fleet stream; resubscribing")
                 self.connected = False

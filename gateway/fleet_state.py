@@ -5,6 +5,15 @@ The controller pushes full snapshots; this module diffs each one against what th
 holds and says what changed, so dispatchers add and remove replicas without restarting. It
 is the only fleet state a gateway has, and losing it costs nothing but a resubscribe: when the
 controller is away the last snapshot stays in force.
+
+A snapshot normally is the whole fleet: what it does not list has left. A snapshot that says
+``warming_up`` comes from a controller that has just (re)started and does not know the whole
+fleet yet (ADR 0011), so it is *merged*: replicas it lists are added or updated, and a replica
+the gateway knew from before is kept until the controller lists it, says it left, or ends its
+warm-up with a snapshot that is the whole fleet again. "Says it left" means: listed earlier on
+the same stream and no longer — the new controller knew it, and it went. Routing is merged the
+same way, per model. Without this a restarted controller's first, empty snapshot emptied every
+gateway until the workers had re-registered: an outage of the whole data path.
 """
 
 from __future__ import annotations
@@ -52,8 +61,16 @@ class FleetState:
         self.generation = 0
         self.replicas: dict[str, ReplicaInfo] = {}
         self.splits: dict[str, VersionSplit] = {}
+        # Replicas kept from before the controller's warm-up, not (yet) listed by it.
+        self.carried: set[str] = set()
+        self._listed_on_stream: set[str] = set()
 
-    def apply(self, snapshot: control_pb2.WatchFleetResponse) -> FleetDiff:
+    def apply(
+        self, snapshot: control_pb2.WatchFleetResponse, *, new_stream: bool = False
+    ) -> FleetDiff:
+        """Take in one snapshot; ``new_stream`` marks the first one of a (re)subscription."""
+        if new_stream:
+            self._listed_on_stream = set()
         diff = FleetDiff()
         seen: dict[str, ReplicaInfo] = {}
         for member in snapshot.replicas:
@@ -83,8 +100,17 @@ class FleetState:
                     diff.added.append(info)
                 else:
                     diff.updated.append(info)
-        diff.removed += [info for rid, info in self.replicas.items() if rid not in seen]
-        splits: dict[str, VersionSplit] = {}
+        self._listed_on_stream.update(seen)
+        carried: set[str] = set()
+        for rid, info in self.replicas.items():
+            if rid in seen:
+                continue
+            if snapshot.warming_up and rid not in self._listed_on_stream:
+                seen[rid] = info  # not re-registered yet: keep serving on what we knew
+                carried.add(rid)
+            else:
+                diff.removed.append(info)
+        splits: dict[str, VersionSplit] = dict(self.splits) if snapshot.warming_up else {}
         for r in snapshot.routing:
             if r.stable_version:
                 splits[r.model] = VersionSplit(
@@ -93,6 +119,7 @@ class FleetState:
         diff.splits_changed = splits != self.splits
         self.replicas = seen
         self.splits = splits
+        self.carried = carried
         self.generation = snapshot.generation
         return diff
 

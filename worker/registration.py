@@ -3,8 +3,18 @@
 What it decides: how a worker joins and stays in the fleet. It opens the bidi stream with the
 fleet credential, sends ``register`` (its descriptor, with the advertised address) first, waits
 for the ``Lease``, then sends a ``heartbeat`` with its current load every
-``lease.heartbeat_interval``. When the stream breaks or is refused it reconnects with capped
-exponential backoff and jitter (reset once a lease is granted again). A ``drain`` message from
+``lease.heartbeat_interval``.
+
+Reconnecting (ADR 0011): a session that held a lease and ended — the controller went away,
+restarted, or shut down — is reopened after a short, fully jittered delay (uniform in
+``[0, backoff.initial_s]``), not after the backoff: the fleet must re-register at once on a new
+controller, which otherwise does not know it, and the jitter spreads a whole fleet's
+reconnections. An unreachable controller is waited for by the channel itself
+(``wait_for_ready`` on a channel that retries the connection at most every second,
+:func:`common.backoff.controller_channel_options`), so the worker re-registers within about a
+second of the controller listening again, however long it was gone. The capped exponential
+backoff is for refusals (a wrong credential, a controller shutting down, a protocol error):
+repeated failures of a controller that *is* there. A ``drain`` message from
 the controller triggers the worker's drain in its own task (which ends by closing this
 session). :meth:`ControllerSession.close` half-closes the stream so the controller removes the
 replica at once rather than when the lease lapses.
@@ -26,7 +36,7 @@ import grpc
 import grpc.aio
 
 from common.auth import bearer_metadata
-from common.backoff import Backoff
+from common.backoff import Backoff, controller_channel_options
 from common.rng import Rng, SeededRng
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 from worker.metrics import WorkerMetrics
@@ -98,10 +108,11 @@ class ControllerSession:
         """Open the channel and start the keep-registered loop in the background."""
         if self._task is not None:
             raise RuntimeError("session already started")
+        options = controller_channel_options()
         if self._credentials is not None:
-            self._channel = grpc.aio.secure_channel(self.target, self._credentials)
+            self._channel = grpc.aio.secure_channel(self.target, self._credentials, options)
         else:
-            self._channel = grpc.aio.insecure_channel(self.target)
+            self._channel = grpc.aio.insecure_channel(self.target, options)
         self._task = asyncio.get_running_loop().create_task(self._run(), name="worker-session")
 
     async def wait_registered(self, timeout_s: float) -> None:
@@ -116,8 +127,9 @@ class ControllerSession:
         await self._stop_heartbeats(graceful=True)
         call = self._call
         task = self._task
-        if call is not None and task is not None:
+        if call is not None and task is not None and self.connected:
             # A live stream: half-close it and let the controller end it (clean deregistration).
+            # (A call still waiting for an unreachable controller is simply cancelled below.)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(call.done_writing(), _CLOSE_TIMEOUT_S)
             with contextlib.suppress(TimeoutError, Exception):
@@ -135,9 +147,9 @@ class ControllerSession:
     async def _run(self) -> None:
         attempt = 0
         while not self._closing:
-            granted = False
+            sessions = self.sessions
             try:
-                granted = await self._session_once()
+                await self._session_once()
                 if not self._closing:
                     self.last_error = "stream closed by the controller"
                     _log.warning("controller closed the session", extra={"target": self.target})
@@ -169,21 +181,29 @@ class ControllerSession:
                 self._set_connected(False)
             if self._closing:
                 return
-            if granted:
-                attempt = 0
-            delay = self._backoff.delay(attempt, self._rng.random())
-            attempt += 1
+            delay = self.reconnect_delay(attempt, granted=self.sessions > sessions)
+            attempt = 0 if self.sessions > sessions else attempt + 1
             self.reconnect_delays.append(delay)
             if self._metrics is not None:
                 self._metrics.controller_reconnects.inc()
             _log.info("reconnecting to controller", extra={"delay_s": round(delay, 3)})
             await self._sleep(delay)
 
+    def reconnect_delay(self, failures: int, *, granted: bool) -> float:
+        """How long to wait before the next session: after one that held a lease, a short
+        fully jittered delay; after ``failures`` refusals in a row, the backoff."""
+        u = self._rng.random()
+        if granted:
+            return self._backoff.initial_s * u
+        return self._backoff.delay(failures, u)
+
     async def _session_once(self) -> bool:
         """One stream from open to end; True when a lease was granted on it."""
         assert self._channel is not None
         stub = control_pb2_grpc.ControlServiceStub(self._channel)
-        call = stub.WorkerSession(metadata=self._metadata)
+        # An unreachable controller is waited for (the channel retries the connection at most
+        # every second); only a controller that answers can refuse, and only that backs off.
+        call = stub.WorkerSession(metadata=self._metadata, wait_for_ready=True)
         self._call = call
         try:
             await call.write(control_pb2.WorkerSessionRequest(register=self._descriptor()))

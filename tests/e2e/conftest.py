@@ -69,10 +69,9 @@ class Proc:
     name: str
     args: list[str]
     workdir: Path
-    # gRPC listen address; a restarted process passes its predecessor's to keep the port.
-    listen: str = "127.0.0.1:0"
     popen: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    listen: str = "127.0.0.1:0"  # a fixed address to restart a process where it was
 
     @property
     def ready_file(self) -> Path:
@@ -419,14 +418,31 @@ class Launcher:
         self.procs: list[Proc] = []
         self.fleets: list[Fleet] = []
 
-    def spawn(self, name: str, *args: str, listen: str = "127.0.0.1:0") -> Proc:
-        proc = Proc(name, list(args), self.workdir, listen)
+    def spawn(self, name: str, *args: str) -> Proc:
+        proc = Proc(name, list(args), self.workdir)
         self.procs.append(proc)
         return proc.start()
 
-    def controller(
-        self, *extra: str, name: str = "controller", listen: str = "127.0.0.1:0"
-    ) -> Proc:
+    def restart(self, proc: Proc) -> Proc:
+        """Start ``proc`` again, same arguments, on the same gRPC address (it must have
+        exited); the new process replaces it in every fleet. Its log is appended to."""
+        assert not proc.alive, f"{proc.name} is still running"
+        again = Proc(proc.name, list(proc.args), self.workdir, listen=proc.grpc)
+        again.log_file.rename(self.workdir / f"{proc.name}.{proc.pid}.log")
+        self.procs.append(again)
+        for fleet in self.fleets:
+            if fleet.controller is proc:
+                fleet.controller = again
+            for rid, worker in fleet.workers.items():
+                if worker is proc:
+                    fleet.workers[rid] = again
+            if fleet.gateway is proc:
+                fleet.gateway = again
+        again.start()
+        again.wait_ready()
+        return again
+
+    def controller(self, *extra: str, name: str = "controller") -> Proc:
         proc = self.spawn(
             name,
             "controller",
@@ -441,7 +457,6 @@ class Launcher:
             "--shutdown-grace",
             "2",
             *extra,
-            listen=listen,
         )
         proc.wait_ready()
         return proc

@@ -55,6 +55,22 @@ def launcher(
         launch.close()
 
 
+# The table's order: processes failing, then overload, then fuzzing (the issue's order).
+_MODULE_ORDER = ("test_process_faults", "test_overload", "test_fuzz")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Order this suite's scenarios (the hook sees every test; others keep their places)."""
+
+    def module(item: pytest.Item) -> str:
+        return str(getattr(item.module, "__name__", "")).rpartition(".")[2]
+
+    slots = [i for i, item in enumerate(items) if module(item) in _MODULE_ORDER]
+    ours = sorted((items[i] for i in slots), key=lambda item: _MODULE_ORDER.index(module(item)))
+    for i, item in zip(slots, ours, strict=True):
+        items[i] = item
+
+
 def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
     rows = config.stash.get(_ROWS, [])
     if rows:

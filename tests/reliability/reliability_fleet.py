@@ -3,8 +3,8 @@
 The launcher (``Launcher``, ``Fleet``, ``Proc``: real ``halcyon`` processes on 127.0.0.1 with
 ready files, logs and guaranteed teardown) lives in ``tests/e2e/conftest.py``; it is loaded
 here from its file, once, so both suites start processes the same way and this suite does not
-carry a copy. On top of it: restarting a killed worker or controller in place, reading a
-process's memory, and waiting until a worker is in the middle of a batch.
+carry a copy. On top of it: restarting a killed worker, reading a process's memory, and
+waiting until a worker is in the middle of a batch.
 """
 
 from __future__ import annotations
@@ -67,23 +67,8 @@ def wait_mid_batch(worker: Any, timeout_s: float = 5.0) -> None:
     wait_for(lambda: busy_slots(worker) >= 1, timeout_s, f"{worker.name} to run a batch")
 
 
-def restart_worker(launcher: Any, fleet: Any, replica_id: str, *extra: str) -> Any:
-    """A new worker process under the same replica id (the old one must be gone); the fleet
-    converges with it."""
-    old = fleet.workers[replica_id]
-    assert not old.alive, f"{replica_id} is still running"
-    proc = launcher.worker(fleet.controller, replica_id, *extra)
-    proc.wait_ready()
-    fleet.workers[replica_id] = proc
+def restart_worker(launcher: Any, fleet: Any, replica_id: str) -> Any:
+    """The killed worker again (same flags and address); the fleet converges with it."""
+    proc = launcher.restart(fleet.workers[replica_id])
     fleet.wait_converged()
-    return proc
-
-
-def restart_controller(launcher: Any, fleet: Any, name: str) -> Any:
-    """A new controller on the old one's port and SQLite file (the old one must be gone)."""
-    old = fleet.controller
-    assert not old.alive, "the controller is still running"
-    last = max(i for i, arg in enumerate(old.args) if arg == "--db")  # the last --db wins
-    proc = launcher.controller("--db", old.args[last + 1], name=name, listen=old.grpc)
-    fleet.controller = proc
     return proc

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 from collections.abc import AsyncIterator
@@ -166,7 +167,9 @@ async def test_reconnects_with_exponential_backoff(controller: Any, wait_until: 
     assert session.last_error is not None and "UNAVAILABLE" in session.last_error
 
 
-async def test_backoff_resets_after_a_granted_lease(controller: Any, wait_until: Any) -> None:
+async def test_a_session_that_held_a_lease_is_reopened_after_a_short_jittered_delay(
+    controller: Any, wait_until: Any
+) -> None:
     fake, host = controller
     fake.close_after_heartbeats = 1  # every session ends after one heartbeat
     session = make_session(host)
@@ -176,10 +179,31 @@ async def test_backoff_resets_after_a_granted_lease(controller: Any, wait_until:
     finally:
         await session.close()
     assert session.sessions >= 4
-    backoff = Backoff(initial_s=0.02, max_s=0.2, jitter=0.2)
-    # Each stream had a lease, so each reconnect waits the first-attempt delay again.
-    assert all(0.02 * 0.8 - 1e-9 <= d <= backoff.initial_s for d in session.reconnect_delays)
+    # Each stream had a lease: the next one opens after initial_s x U (full jitter), not
+    # after the backoff, so a fleet whose controller restarted re-registers at once.
+    rng = SeededRng(5)
+    expected = [0.02 * rng.random() for _ in session.reconnect_delays]
+    assert list(session.reconnect_delays) == pytest.approx(expected), session.last_error
     assert all(s.register == DESCRIPTOR for s in fake.sessions)
+
+
+def test_reconnect_delay_is_jitter_after_a_lease_and_backoff_after_refusals() -> None:
+    backoff = Backoff(initial_s=0.2, max_s=10.0, jitter=0.2)
+    session = ControllerSession(
+        target="127.0.0.1:9",
+        fleet_token=FLEET,
+        descriptor=lambda: DESCRIPTOR,
+        load=fleet_pb2.ReplicaLoad,
+        on_drain=lambda _reason: asyncio.sleep(0),
+        backoff=backoff,
+        rng=SeededRng(9),
+    )
+    draws = SeededRng(9)
+    assert session.reconnect_delay(7, granted=True) == pytest.approx(0.2 * draws.random())
+    assert session.reconnect_delay(7, granted=False) == pytest.approx(
+        backoff.delay(7, draws.random())
+    )
+    assert session.reconnect_delay(7, granted=False) >= 8.0  # refusals do back off
 
 
 async def test_drain_command_calls_on_drain_once(controller: Any, wait_until: Any) -> None:
@@ -250,10 +274,10 @@ async def test_worker_app_registers_and_drains_on_command(
     assert len(fake.sessions) == 1
 
 
-async def test_close_is_prompt_while_backing_off(wait_until: Any) -> None:
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+async def test_close_is_prompt_while_waiting_for_an_unreachable_controller(
+    wait_until: Any,
+) -> None:
+    port = _free_port()
 
     async def on_drain(reason: str) -> None:
         raise AssertionError("no drain expected")
@@ -267,8 +291,55 @@ async def test_close_is_prompt_while_backing_off(wait_until: Any) -> None:
         backoff=Backoff(initial_s=30.0, max_s=30.0),
     )
     session.start()
-    await wait_until(lambda: len(session.reconnect_delays) == 1)  # now in a 24-30 s wait
-    assert session.last_error is not None and "UNAVAILABLE" in session.last_error
+    await asyncio.sleep(0.3)  # waiting for the controller to exist, not failing and backing off
+    assert not session.connected and not session.reconnect_delays
     started = time.monotonic()
     await session.close()
     assert time.monotonic() - started < 1.0
+
+
+async def test_a_restarted_controller_is_rejoined_within_a_second_of_listening(
+    wait_until: Any,
+) -> None:
+    """The controller goes away for longer than the backoff has grown and comes back on the
+    same address: the worker re-registers within about a second (the channel's connection
+    retry), not after its next backoff step (with this backoff, ~2 s later)."""
+    port = _free_port()
+    _, first_host = await _fake_controller(port)
+    session = make_session(first_host, backoff=Backoff(initial_s=0.3, max_s=30.0, jitter=0.0))
+    session.start()
+    try:
+        await session.wait_registered(5)
+        await first_host.stop(0)
+        await wait_until(lambda: not session.connected)
+        await asyncio.sleep(2.2)  # refused connections all along: the old loop was at 0.3, 0.9, 2.1
+        second, second_host = await _fake_controller(port)
+        back = time.monotonic()
+        try:
+            await session.wait_registered(5)
+            rejoined = time.monotonic() - back
+            assert len(second.sessions) == 1 and second.sessions[0].register == DESCRIPTOR
+            assert rejoined < 1.5, f"re-registered {rejoined:.2f} s after the controller came back"
+        finally:
+            await session.close()
+            await second_host.stop(0)
+    finally:
+        await session.close()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:  # a port nobody listens on (until a test starts a server there)
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def _fake_controller(port: int) -> tuple[FakeController, ServiceHost]:
+    fake = FakeController()  # type: ignore[abstract]
+    host = ServiceHost(
+        "fake-controller",
+        ServingOptions(listen=f"127.0.0.1:{port}", metrics_listen=None),
+        AuthPolicy(fleet_token=FLEET, operator_token="op", rules={f"/{CONTROL}/": Role.FLEET}),
+    )
+    host.add_service(control_pb2_grpc.add_ControlServiceServicer_to_server, fake, CONTROL)
+    await host.start()
+    return fake, host
