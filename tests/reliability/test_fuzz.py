@@ -59,6 +59,10 @@ STREAM_READ_S = 1.0
 INFER_CODES = {"INVALID_ARGUMENT", "NOT_FOUND", "UNAUTHENTICATED", "RESOURCE_EXHAUSTED"}
 NEVER = {"UNKNOWN", "INTERNAL"}
 REFUSED = {"INVALID_ARGUMENT", "UNAUTHENTICATED"}
+INFER = "/halcyon.v1.InferService/Infer"
+DESCRIBE = "/halcyon.v1.WorkerService/Describe"
+GET_STATE = "/halcyon.v1.ControlService/GetState"
+HOT_METHODS = {INFER, "/halcyon.v1.WorkerService/ExecuteBatch"}
 SETTINGS = settings(
     deadline=None,
     derandomize=True,
@@ -74,8 +78,18 @@ def fleet(launcher: Any) -> Any:
 
 
 @pytest.fixture(scope="module")
-def standalone_worker(launcher: Any) -> Any:
-    proc = launcher.spawn("standalone", "worker", "--replica-id", "standalone", *INSTANT)
+def aio_gateway(launcher: Any, fleet: Any) -> Any:
+    """A second gateway serving Infer through grpc.aio instead of the completion queue."""
+    proc = launcher.gateway(fleet.controller, "--serving-path", "aio", name="gateway-aio")
+    proc.wait_ready()
+    return proc
+
+
+def _standalone_worker(launcher: Any, serving_path: str) -> Any:
+    name = f"standalone-{serving_path}"
+    proc = launcher.spawn(
+        name, "worker", "--replica-id", name, "--serving-path", serving_path, *INSTANT
+    )
     proc.wait_ready()
     return proc
 
@@ -173,7 +187,7 @@ def _streaming(channel: grpc.Channel, m: MethodDescriptor, body: bytes, md: Any)
 class Target:
     """A server and how to ask it something valid."""
 
-    name: str
+    role: str  # "gateway", "worker" or "controller": whose credentials its methods take
     channel: grpc.Channel
     check: Callable[[], str]  # a valid request's outcome
 
@@ -189,46 +203,41 @@ def _token_for(role: Role | None) -> str | None:
 
 
 @pytest.fixture(scope="module")
-def targets(fleet: Any, standalone_worker: Any) -> Iterator[dict[str, Target]]:
-    channels = {
-        "gateway": grpc.insecure_channel(fleet.gateway.grpc),
-        "worker": grpc.insecure_channel(standalone_worker.grpc),
-        "controller": grpc.insecure_channel(fleet.controller.grpc),
+def targets(launcher: Any, fleet: Any, aio_gateway: Any) -> Iterator[dict[str, Target]]:
+    """Every server to fuzz, by name; the ``-aio`` ones serve their hot method through aio."""
+    addresses = {
+        "gateway": fleet.gateway.grpc,
+        "gateway-aio": aio_gateway.grpc,
+        "worker": _standalone_worker(launcher, "fast").grpc,
+        "worker-aio": _standalone_worker(launcher, "aio").grpc,
+        "controller": fleet.controller.grpc,
     }
-    valid_infer = infer_pb2.InferRequest(model=MODEL, input="still there?").SerializeToString()
-    describe = worker_pb2.DescribeRequest().SerializeToString()
-    get_state = control_pb2.GetStateRequest().SerializeToString()
-
-    def check(name: str, path: str, body: bytes, md: Any) -> Callable[[], str]:
-        return lambda: _unary(channels[name], path, body, md, ANSWER_WITHIN_S)
-
-    yield {
-        "gateway": Target(
-            "gateway",
-            channels["gateway"],
-            check(
-                "gateway",
-                "/halcyon.v1.InferService/Infer",
-                valid_infer,
-                _metadata(API_KEY, "x-api-key"),
-            ),
+    channels = {name: grpc.insecure_channel(address) for name, address in addresses.items()}
+    valid = {
+        "gateway": (
+            INFER,
+            infer_pb2.InferRequest(model=MODEL, input="still there?").SerializeToString(),
+            _metadata(API_KEY, "x-api-key"),
         ),
-        "worker": Target(
-            "worker",
-            channels["worker"],
-            check("worker", "/halcyon.v1.WorkerService/Describe", describe, _metadata(FLEET_TOKEN)),
+        "worker": (
+            DESCRIBE,
+            worker_pb2.DescribeRequest().SerializeToString(),
+            _metadata(FLEET_TOKEN),
         ),
-        "controller": Target(
-            "controller",
-            channels["controller"],
-            check(
-                "controller",
-                "/halcyon.v1.ControlService/GetState",
-                get_state,
-                _metadata(OPERATOR_TOKEN),
-            ),
+        "controller": (
+            GET_STATE,
+            control_pb2.GetStateRequest().SerializeToString(),
+            _metadata(OPERATOR_TOKEN),
         ),
     }
+
+    def target(name: str) -> Target:
+        role = name.removesuffix("-aio")
+        path, body, md = valid[role]
+        channel = channels[name]
+        return Target(role, channel, lambda: _unary(channel, path, body, md, ANSWER_WITHIN_S))
+
+    yield {name: target(name) for name in channels}
     for channel in channels.values():
         channel.close()
 
@@ -277,7 +286,7 @@ def _fuzz_infer(target: Target, findings: Findings) -> None:
         t0 = time.monotonic()
         outcome = _unary(
             target.channel,
-            "/halcyon.v1.InferService/Infer",
+            INFER,
             request.SerializeToString(),
             _metadata(key, "x-api-key"),
             None,  # no gRPC deadline: the timeout field is the deadline
@@ -288,7 +297,7 @@ def _fuzz_infer(target: Target, findings: Findings) -> None:
             "DEADLINE_EXCEEDED/DEADLINE_UNREACHABLE"
         ):
             problem = f"{outcome} for an idle fleet"
-        where = f"Infer({_short(request)}, key={key!r})"
+        where = f"gateway:Infer({_short(request)}, key={key!r})"
         findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
         _after(target, findings, where)
 
@@ -309,7 +318,8 @@ def _decodes(request_class: type[Message], body: bytes) -> bool:
 
 
 def _methods() -> list[tuple[str, MethodDescriptor]]:
-    """(server, method) for every RPC of every Halcyon service."""
+    """(target, method) for every RPC of every Halcyon service, and the hot methods (served
+    off the completion queue by default) once more on a process serving them through aio."""
     found = []
     for module, server in (
         (infer_pb2, "gateway"),
@@ -317,7 +327,10 @@ def _methods() -> list[tuple[str, MethodDescriptor]]:
         (control_pb2, "controller"),
     ):
         for service in module.DESCRIPTOR.services_by_name.values():
-            found += [(server, m) for m in service.methods]
+            for m in service.methods:
+                found.append((server, m))
+                if f"/{service.full_name}/{m.name}" in HOT_METHODS:
+                    found.append((f"{server}-aio", m))
     return found
 
 
@@ -333,9 +346,11 @@ def _role(server: str, path: str) -> tuple[str | None, str]:
     return _token_for(_CONTROL_ROLES.required_role(path)), "authorization"
 
 
-def _fuzz_raw(target: Target, method: MethodDescriptor, findings: Findings) -> None:
+def _fuzz_raw(
+    target_name: str, target: Target, method: MethodDescriptor, findings: Findings
+) -> None:
     path = f"/{method.containing_service.full_name}/{method.name}"
-    token, header = _role(target.name, path)
+    token, header = _role(target.role, path)
     request_class = GetMessageClass(method.input_type)
     streaming = method.client_streaming or method.server_streaming
 
@@ -353,7 +368,8 @@ def _fuzz_raw(target: Target, method: MethodDescriptor, findings: Findings) -> N
         allowed = None if _decodes(request_class, body) else REFUSED
         if credential == "none" and token is not None:
             allowed = REFUSED
-        where = f"{method.name}({body[:24]!r}{'...' if len(body) > 24 else ''}, {credential})"
+        shown = f"{body[:24]!r}{'...' if len(body) > 24 else ''}"
+        where = f"{target_name}:{method.name}({shown}, {credential})"
         problem = _judge(outcome, allowed)
         findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
         _after(target, findings, where)
@@ -365,12 +381,12 @@ def test_fuzzed_requests(targets: dict[str, Target], scoreboard: Any) -> None:
     findings = Findings()
     _fuzz_infer(targets["gateway"], findings)
     for server, method in _methods():
-        _fuzz_raw(targets[server], method, findings)
+        _fuzz_raw(server, targets[server], method, findings)
 
     answered = sum(n for k, n in findings.outcomes.items() if is_answer(k))
     latencies = sorted(findings.latencies_ms)
     row = Row(
-        scenario=f"fuzzed requests ({len(_methods())} RPCs)",
+        scenario=f"fuzzed requests ({len({m.full_name for _, m in _methods()})} RPCs)",
         requests=findings.calls,
         answered=answered,
         p99_ms=latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,

@@ -204,27 +204,37 @@ def test_controller_sigkill_and_restart(launcher: Any, whole: Any, scoreboard: A
     scoreboard.check(row)
 
 
-def test_gateway_sigterm_under_load(launcher: Any, whole: Any, scoreboard: Any) -> None:
+@pytest.mark.parametrize("serving_path", ["fast", "aio"])
+def test_gateway_sigterm_under_load(
+    launcher: Any, whole: Any, scoreboard: Any, serving_path: str
+) -> None:
     # A second gateway takes the load first: the clients know both addresses (pick_first), as
-    # clients behind a load balancer would, and fail over when the first one goes away.
-    leaving = launcher.gateway(whole.controller, "--shutdown-grace", "5", name="gateway-leaving")
+    # clients behind a load balancer would, and fail over when the first one goes away. Both
+    # serving paths, since shutdown is where they differ most.
+    leaving = launcher.gateway(
+        whole.controller,
+        "--shutdown-grace",
+        "5",
+        "--serving-path",
+        serving_path,
+        name=f"gateway-leaving-{serving_path}",
+    )
     leaving.wait_ready()
     launcher.attach(whole, leaving)
     target = f"ipv4:{leaving.grpc},{whole.gateway.grpc}"
-    with _load(
-        launcher, whole, "gateway-sigterm", seconds=8, target=target, gateway=leaving
-    ) as load:
+    name = f"gateway-sigterm-{serving_path}"
+    with _load(launcher, whole, name, seconds=8, target=target, gateway=leaving) as load:
         load.sleep_until(3.0)
         fault_at = load.now()
         leaving.send(signal.SIGTERM)
         code = leaving.wait_exit(10.0)
         exited_s = load.now() - fault_at
         result = load.result()
-    row = result.row("gateway SIGTERM (clients fail over)", fault_at_s=fault_at)
+    row = result.row(f"gateway SIGTERM, {serving_path} path", fault_at_s=fault_at)
     refused = result.rejected.get("SHUTTING_DOWN", 0)
     row.notes.append(
         f"exit {code} {exited_s:.2f} s after SIGTERM; {refused} new requests refused with "
-        f"SHUTTING_DOWN"
+        f"SHUTTING_DOWN; the clients then failed over to the other gateway"
     )
     if code != 0:
         row.failures.append(f"the gateway exited with {code}")
