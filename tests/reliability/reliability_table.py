@@ -24,6 +24,7 @@ Pure: no processes, no clocks; unit-tested in ``test_reliability_table.py``.
 from __future__ import annotations
 
 import math
+import textwrap
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -163,7 +164,9 @@ def _recovery(value: float | None) -> str:
     return f"{value:.1f} s"
 
 
-SHOWN_REASONS = 4
+SHOWN_REASONS = 3
+# Footnotes (failed properties, lost requests, notes) are wrapped to this width.
+NOTE_WIDTH = 100
 
 
 def _sheds(sheds: Mapping[str, int]) -> str:
@@ -212,9 +215,16 @@ def render(rows: Sequence[Row]) -> str:
     out = [line(COLUMNS), line(["-" * w for w in widths])]
     out += [line(row) for row in cells]
     for r in rows:
+        notes = [(f"{failure}", "*") for failure in r.failures]
         if r.lost:
             detail = ", ".join(f"{k} {n:,}" for k, n in r.lost_detail.items())
-            out.append(f"* {r.scenario}: {r.lost:,} lost" + (f" ({detail})" if detail else ""))
-        out += [f"* {r.scenario}: {failure}" for failure in r.failures]
-        out += [f"  {r.scenario}: {note}" for note in r.notes]
+            notes.insert(0, (f"{r.lost:,} lost" + (f" ({detail})" if detail else ""), "*"))
+        notes += [(note, " ") for note in r.notes]
+        for text, mark in notes:
+            out += textwrap.wrap(
+                f"{mark} {r.scenario}: {text}",
+                width=NOTE_WIDTH,
+                subsequent_indent="    ",
+                break_on_hyphens=False,
+            )
     return "\n".join(out)

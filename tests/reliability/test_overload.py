@@ -33,7 +33,7 @@ from reliability_table import Row, is_answer, sheds_by_reason
 from common.errors import parse_rpc_error
 from halcyon.v1 import infer_pb2
 
-pytestmark = pytest.mark.reliability
+pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
 SLOW_DEVICE = ("--ms-per-token", "0.1")
 # Far above what two such workers serve (~100 req/s at the loadtest's ~170 tokens a request).

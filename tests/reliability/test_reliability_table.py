@@ -116,4 +116,22 @@ def test_the_table_shows_every_row_and_explains_what_failed() -> None:
     assert "* hung worker: 44 lost (DEADLINE_EXCEEDED 44)" in lines
     assert "* hung worker: success rate 97.8 % < 99 %" in lines
     assert "  fuzz: codes: INVALID_ARGUMENT 300" in lines
+    assert lines.index("* hung worker: 44 lost (DEADLINE_EXCEEDED 44)") < lines.index(
+        "* hung worker: success rate 97.8 % < 99 %"
+    )
     assert rows[0].passed and not rows[1].passed and rows[1].lost == 44
+
+
+def test_long_footnotes_wrap_and_many_reasons_are_summed() -> None:
+    row = Row(
+        "fuzz",
+        10,
+        10,
+        sheds={"A": 5, "B": 4, "C": 3, "D": 2, "E": 1},
+        notes=["word " * 60],
+    )
+    text = render([row])
+    assert "A 5, B 4, C 3, 2 more 3" in text
+    footnotes = text.splitlines()[3:]
+    assert len(footnotes) > 1 and all(len(line) <= 100 for line in footnotes)
+    assert all(line.startswith("    ") for line in footnotes[1:])
