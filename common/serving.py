@@ -575,7 +575,8 @@ def add_serving_arguments(
         "--ready-file",
         type=Path,
         metavar="PATH",
-        help='after binding, write {"grpc": ..., "metrics": ..., "pid": ...} here atomically',
+        help='after binding, write {"grpc": ..., "metrics": ..., "health": ..., "pid": ...} here '
+        "atomically",
     )
     group.add_argument(
         "--log-level",

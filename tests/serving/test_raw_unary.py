@@ -202,15 +202,20 @@ async def test_a_dead_poller_turns_health_off_and_stops_the_host(
     def install(endpoint: RawUnaryEndpoint) -> None:
         endpoint.fault_hook = fault
 
-    host, _, endpoint = await make_raw_host(before_start=install)
+    host, _, _ = await make_raw_host(before_start=install)
     host.set_ready(True)
     serving = asyncio.ensure_future(host.serve_until_signal())
     channel, call = _call(host)
     async with channel:
         assert await call(b"ok:die", timeout=5) == b"die"
-        await asyncio.sleep(0.1)  # the loop hands the idle queue back to the poller
-        stranded = asyncio.ensure_future(call(b"ok:x", timeout=30))
-        await wait_until(lambda: endpoint.failure is not None)
+        # Calls until one reaches the poller (the loop takes events itself while it is busy).
+        while True:
+            await asyncio.sleep(0.1)
+            stranded = asyncio.ensure_future(call(b"ok:x", timeout=30))
+            done, _ = await asyncio.wait([stranded], timeout=1.0)
+            if not done:
+                break
+        await wait_until(lambda: host.failure is not None)
         assert host.health.get("liveness") == host.health.get("readiness") == 2  # NOT_SERVING
         with pytest.raises(ServingFailed, match="poller thread died"):
             await asyncio.wait_for(serving, 10)

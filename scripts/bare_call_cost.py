@@ -1,0 +1,109 @@
+"""Server CPU per bare unary call on each serving path (ADR 0006, ADR 0010).
+
+Starts a ``ServiceHost`` with one echo method in a child process, on ``--serving-path`` fast
+(the completion-queue endpoint) or aio (``grpc.aio``), drives it from this process with
+``--concurrency`` calls in flight, and prints the child's CPU time (user + system, from
+``/proc``) per call over ``--calls`` calls after a warm-up. Linux only; loopback only.
+
+    .venv/bin/python scripts/bare_call_cost.py --path fast
+    .venv/bin/python scripts/bare_call_cost.py --path aio
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import grpc
+import grpc.aio
+
+METHOD = "/halcyon.bench.Echo/Call"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def _serve(path: str) -> None:
+    from common.raw_unary import RawCall, RawUnaryEndpoint
+    from common.serving import ServiceHost, ServingOptions
+
+    async def echo(request: bytes, context: Any) -> bytes:
+        return request
+
+    def register(_servicer: Any, server: Any) -> None:
+        handler = grpc.unary_unary_rpc_method_handler(echo)
+        server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("halcyon.bench.Echo", {"Call": handler}),)
+        )
+
+    def raw_echo(call: RawCall) -> None:
+        call.reply(call.request)
+
+    host = ServiceHost("bench", ServingOptions(metrics_listen=None, serving_path=path), None)
+    host.add_service(register, None, "halcyon.bench.Echo")
+    host.add_raw_unary(RawUnaryEndpoint(METHOD, raw_echo, host.grpc_metrics))
+    await host.start()
+    print(host.grpc_address, host.serving_path, flush=True)
+    await host.serve_until_signal()
+
+
+async def _drive(address: str, calls: int, concurrency: int) -> float:
+    async with grpc.aio.insecure_channel(address) as channel:
+        call = channel.unary_unary(METHOD)
+        left = calls
+
+        async def client() -> None:
+            nonlocal left
+            while left > 0:
+                left -= 1
+                await call(b"x" * 64, timeout=10)
+
+        began = time.perf_counter()
+        await asyncio.gather(*(client() for _ in range(concurrency)))
+        return time.perf_counter() - began
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", choices=("fast", "aio"), default="fast", help="(default fast)")
+    parser.add_argument("--calls", type=int, default=20000, help="measured calls (default 20000)")
+    parser.add_argument("--concurrency", type=int, default=64, help="in flight (default 64)")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(_serve(args.path))
+        return 0
+    child = subprocess.Popen(
+        [sys.executable, __file__, "--serve", "--path", args.path],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        address, served_by = child.stdout.readline().split()
+        asyncio.run(_drive(address, 2000, args.concurrency))  # warm-up
+        before = _cpu_seconds(child.pid)
+        wall = asyncio.run(_drive(address, args.calls, args.concurrency))
+        cpu = _cpu_seconds(child.pid) - before
+    finally:
+        child.terminate()
+        child.wait(10)
+    print(
+        f"path={served_by} calls={args.calls} concurrency={args.concurrency} "
+        f"server_cpu_per_call={cpu / args.calls * 1000:.3f} ms calls_per_s={args.calls / wall:.0f}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
