@@ -12,7 +12,7 @@ TYPED := common gateway worker controller bench halcyon scripts
 
 help: ## List targets
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
-	  awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-10s %s\n", $$1, $$2}'
+	  awk 'BEGIN {FS = ":.*?## "}; {printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,9 @@ test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end te
 	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
 	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q -m 'not e2e' tests/serving tests/gateway tests/worker
 
+test-reliability: $(STAMP) ## Fault scenarios under real load (~4 min); prints one table of outcomes
+	$(VENV)/bin/pytest -q -m reliability tests/reliability
+
 STACK_ARGS ?=
 stack: $(STAMP) ## Run controller, gateway and a heterogeneous fleet on loopback (Ctrl-C stops; STACK_ARGS=... adds flags)
 	$(VENV)/bin/halcyon stack --canary $(STACK_ARGS)
@@ -56,4 +59,4 @@ loadtest: $(STAMP) ## 32 clients x 20 s against a running stack
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv proto lint fmt test stack bench loadtest clean
+.PHONY: help venv proto lint fmt test test-reliability stack bench loadtest clean

@@ -1,0 +1,74 @@
+"""Processes for the reliability scenarios: the e2e launcher, plus what faults need on top.
+
+The launcher (``Launcher``, ``Fleet``, ``Proc``: real ``halcyon`` processes on 127.0.0.1 with
+ready files, logs and guaranteed teardown) lives in ``tests/e2e/conftest.py``; it is loaded
+here from its file, once, so both suites start processes the same way and this suite does not
+carry a copy. On top of it: restarting a killed worker, reading a process's memory, and
+waiting until a worker is in the middle of a batch.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+_LAUNCHER_FILE = Path(__file__).resolve().parent.parent / "e2e" / "conftest.py"
+_MODULE = "halcyon_e2e_launcher"
+
+
+def _load_launcher() -> ModuleType:
+    if _MODULE in sys.modules:
+        return sys.modules[_MODULE]
+    spec = importlib.util.spec_from_file_location(_MODULE, _LAUNCHER_FILE)
+    assert spec is not None and spec.loader is not None, _LAUNCHER_FILE
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_MODULE] = module  # dataclasses resolve their module while the body runs
+    spec.loader.exec_module(module)
+    return module
+
+
+_launcher = _load_launcher()
+Launcher: Any = _launcher.Launcher
+Fleet: Any = _launcher.Fleet
+Proc: Any = _launcher.Proc
+wait_for = _launcher.wait_for
+scrape = _launcher.scrape
+sample = _launcher.sample
+duration = _launcher.duration
+MODEL: str = _launcher.MODEL
+API_KEY: str = _launcher.API_KEY
+INSTANT: tuple[str, ...] = _launcher.INSTANT
+# Attach the processes' logs to a failed scenario's report (the e2e suite's hook).
+attach_logs_on_failure = _launcher.pytest_runtest_makereport
+
+# Workers as a deployment runs them: the default reconnect backoff (10 s ceiling), not the
+# 1 s the e2e launcher uses to keep its tests short — a controller restart must not depend on
+# workers happening to retry soon.
+DEFAULT_BACKOFF = ("--reconnect-max-s", "10")
+
+
+def memory_kib(proc: Any, field: str) -> int:
+    """A /proc/PID/status memory field in KiB: ``VmRSS`` now, ``VmHWM`` the peak so far."""
+    for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+        if line.startswith(f"{field}:"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{proc.pid}/status")
+
+
+def busy_slots(worker: Any) -> float:
+    return float(sample(scrape(worker), "halcyon_worker_busy_slots"))
+
+
+def wait_mid_batch(worker: Any, timeout_s: float = 5.0) -> None:
+    """Until the worker reports a batch on its device (polled, so still very likely on it)."""
+    wait_for(lambda: busy_slots(worker) >= 1, timeout_s, f"{worker.name} to run a batch")
+
+
+def restart_worker(launcher: Any, fleet: Any, replica_id: str) -> Any:
+    """The killed worker again (same flags and address); the fleet converges with it."""
+    proc = launcher.restart(fleet.workers[replica_id])
+    fleet.wait_converged()
+    return proc
