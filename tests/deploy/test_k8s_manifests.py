@@ -130,11 +130,20 @@ def test_pods_are_restricted_probed_drained_and_sized(overlay: str) -> None:
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/port"] == str(metrics_port), name
         # The kubelet's grace must cover the preStop hook and the server's whole drain: the
-        # process spends up to twice --shutdown-grace (accepted work, then the server's stop).
+        # drain delay (readiness off, still serving), then up to twice --shutdown-grace
+        # (accepted work, then the server's stop).
         pre_stop = c["lifecycle"]["preStop"]["exec"]["command"]
         assert pre_stop[0] == "sleep", name
         shutdown_grace = float(flag(c, "shutdown-grace") or 10)
-        assert spec["terminationGracePeriodSeconds"] >= float(pre_stop[1]) + 2 * shutdown_grace
+        drain_delay = float(flag(c, "drain-delay") or 5)
+        assert spec["terminationGracePeriodSeconds"] >= (
+            float(pre_stop[1]) + drain_delay + 2 * shutdown_grace
+        ), name
+        # Probes go to the probe port, answered off the event loop (ADR 0010).
+        health_port = {p["name"]: p["containerPort"] for p in c["ports"]}["health"]
+        assert flag(c, "health-listen") == f"0.0.0.0:{health_port}", name
+        for kind in ("livenessProbe", "readinessProbe"):
+            assert c[kind]["grpc"]["port"] == health_port, (name, kind)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

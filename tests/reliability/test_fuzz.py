@@ -43,7 +43,6 @@ from reliability_load import outcome_key
 from reliability_table import Row, is_answer, sheds_by_reason
 
 from common.auth import AuthPolicy, Role
-from controller.servicer import AUTH_RULES
 from halcyon.v1 import control_pb2, infer_pb2, worker_pb2
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
@@ -334,7 +333,7 @@ def _methods() -> list[tuple[str, MethodDescriptor]]:
     return found
 
 
-_CONTROL_ROLES = AuthPolicy(fleet_token="f", operator_token="o", rules=AUTH_RULES)
+_CONTROL_ROLES = AuthPolicy(fleet_token="f", operator_token="o")
 
 
 def _role(server: str, path: str) -> tuple[str | None, str]:
@@ -343,7 +342,7 @@ def _role(server: str, path: str) -> tuple[str | None, str]:
         return API_KEY, "x-api-key"
     if server == "worker":
         return FLEET_TOKEN, "authorization"
-    return _token_for(_CONTROL_ROLES.required_role(path)), "authorization"
+    return _token_for(_CONTROL_ROLES.required(path)), "authorization"
 
 
 def _fuzz_raw(
