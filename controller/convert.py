@@ -10,6 +10,7 @@ wall time.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -127,15 +128,19 @@ def rollout_to_pb(
 
 
 def arm_to_pb(arm: ArmSnapshot) -> control_pb2.ArmMetrics:
-    return control_pb2.ArmMetrics(
+    out = control_pb2.ArmMetrics(
         version=arm.version,
         requests=arm.requests,
         errors=arm.errors,
         shed=arm.shed,
         error_rate=arm.error_rate,
-        p50=to_duration(arm.p50_s),
-        p95=to_duration(arm.p95_s),
     )
+    # An arm with no answered request has no latency quantiles (NaN): leave them unset.
+    if math.isfinite(arm.p50_s):
+        out.p50.CopyFrom(to_duration(arm.p50_s))
+    if math.isfinite(arm.p95_s):
+        out.p95.CopyFrom(to_duration(arm.p95_s))
+    return out
 
 
 def decision_to_pb(d: DecisionRecord) -> control_pb2.RolloutDecision:

@@ -130,3 +130,22 @@ def test_drop_log_is_rate_limited_and_summarises(caplog: pytest.LogCaptureFixtur
     # The second line carries everything dropped since the first, and its first example.
     assert second["dropped"] == {"invalid_kind": 200, "missing_model": 1}
     assert second["example"] == "requests[0].kind: …"
+
+
+def test_an_arm_with_no_answered_request_converts_without_latency_quantiles() -> None:
+    # Every request of the arm failed: the judge's p50/p95 are NaN. The decision must still
+    # reach watchers (it once ended WatchRolloutDecisions with UNKNOWN).
+    from controller.convert import arm_to_pb
+    from controller.store import ArmSnapshot
+
+    nan = float("nan")
+    arm = ArmSnapshot("v2", requests=40, errors=40, shed=0, error_rate=1.0, p50_s=nan, p95_s=nan)
+    pb = arm_to_pb(arm)
+    assert (pb.requests, pb.errors, pb.HasField("p50"), pb.HasField("p95")) == (
+        40,
+        40,
+        False,
+        False,
+    )
+    ok = arm_to_pb(ArmSnapshot("v1", 10, 0, 0, 0.0, 0.05, 0.2))
+    assert (ok.p50.nanos, ok.p95.nanos) == (50_000_000, 200_000_000)
