@@ -524,7 +524,9 @@ class VersionDispatcher:
         predicted = None if lease.probe else self._predicted(lease.replica_id, batch.tokens)
         flight.predicted[lease.lease_id] = predicted
         last_answer_by = max(p.answer_by for p in batch.payloads)
-        timeout = self._attempts.call_timeout(now, predicted, last_answer_by)
+        timeout = self._attempts.call_timeout(
+            now, predicted, last_answer_by, self._hedging.hedge_delay(now)
+        )
         if now + timeout > flight.ends_by:
             flight.ends_by = now + timeout
         metadata = self._fleet_md

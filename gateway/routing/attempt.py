@@ -11,6 +11,12 @@ What it decides, for every batch the gateway sends:
   than its model must be able to answer once, and re-teach the model, to come back at all).
   The timeout is deliberately *not* raised by the timeouts a replica already had: a frozen
   replica must cost every batch sent to it the same short wait, not a longer one each time.
+  It is raised by the fleet's *successful* tail: never less than ``tail_multiplier`` x the
+  recent p95 of successful batch latencies (the hedge policy's window). On a starved host
+  every call is slow, and timing attempts out against a device-time prediction there turned
+  slowness into "errors", retries and more load (measured: half of a healthy baseline's
+  attempts counted as failures while a faulty canary was promoted). A frozen replica never
+  succeeds, so it cannot raise that tail.
 
   A replica that freezes (SIGSTOP, a wedged driver, a partition that keeps the TCP connection
   up) then costs a request one attempt timeout, after which it is retried elsewhere while its
@@ -51,6 +57,8 @@ class AttemptConfig:
     scheduling hiccup of a few milliseconds into a timeout, a retry and a breaker failure)."""
     cold_timeout_s: float = 1.0
     """The attempt timeout on a replica that has not completed a batch yet (no prediction)."""
+    tail_multiplier: float = 2.0
+    """...and never less than this many times the fleet's recent p95 of successful calls."""
     answer_reserve_s: float = 0.01
     """Answer a request still waiting on a replica this long before its deadline..."""
     max_reserve_share: float = 0.1
@@ -63,6 +71,8 @@ class AttemptConfig:
             raise ValueError("min_timeout_s must be positive")
         if not (math.isfinite(self.cold_timeout_s) and self.cold_timeout_s > 0.0):
             raise ValueError("cold_timeout_s must be positive")
+        if not (math.isfinite(self.tail_multiplier) and self.tail_multiplier >= 0.0):
+            raise ValueError("tail_multiplier must be non-negative")
         if not (math.isfinite(self.answer_reserve_s) and self.answer_reserve_s >= 0.0):
             raise ValueError("answer_reserve_s must be non-negative")
         if not 0.0 <= self.max_reserve_share < 1.0:
@@ -79,19 +89,23 @@ class AttemptPolicy:
     def config(self) -> AttemptConfig:
         return self._config
 
-    def attempt_timeout(self, predicted_s: float | None) -> float:
+    def attempt_timeout(self, predicted_s: float | None, tail_s: float | None = None) -> float:
         """How long one attempt may run, given the batch's conservative predicted duration
-        (None: the replica has no prediction yet).
+        (None: the replica has no prediction yet) and the fleet's recent p95 of successful
+        calls (None: not known yet).
 
-        A prediction that is not a non-negative number (a cost model gone wrong) gets the
-        floor: the timeout is always finite and positive.
+        A prediction or tail that is not a non-negative number (a cost model gone wrong) is
+        ignored: the timeout is always finite and positive.
         """
         cfg = self._config
+        floor = cfg.min_timeout_s
+        if tail_s is not None and tail_s >= 0.0 and math.isfinite(tail_s):
+            floor = max(floor, cfg.tail_multiplier * tail_s)
         if predicted_s is None:
-            return max(cfg.min_timeout_s, cfg.cold_timeout_s)
+            return max(floor, cfg.cold_timeout_s)
         if not (predicted_s >= 0.0 and math.isfinite(predicted_s)):
-            return cfg.min_timeout_s
-        return max(cfg.min_timeout_s, cfg.timeout_multiplier * predicted_s)
+            return floor
+        return max(floor, cfg.timeout_multiplier * predicted_s)
 
     def answer_by(self, received_at: float, deadline: float) -> float:
         """When a request still waiting on a replica is answered by the gateway itself."""
@@ -99,10 +113,16 @@ class AttemptPolicy:
         reserve = min(cfg.answer_reserve_s, cfg.max_reserve_share * (deadline - received_at))
         return deadline - max(0.0, reserve)
 
-    def call_timeout(self, now: float, predicted_s: float | None, last_answer_by: float) -> float:
+    def call_timeout(
+        self,
+        now: float,
+        predicted_s: float | None,
+        last_answer_by: float,
+        tail_s: float | None = None,
+    ) -> float:
         """The ``ExecuteBatch`` deadline (seconds from ``now``): the attempt timeout, cut at
         the moment the batch's last request must be answered anyway."""
-        timeout = min(self.attempt_timeout(predicted_s), last_answer_by - now)
+        timeout = min(self.attempt_timeout(predicted_s, tail_s), last_answer_by - now)
         return timeout if timeout > _MIN_CALL_S else _MIN_CALL_S
 
     def judge_expiry(self, elapsed_s: float, predicted_s: float | None) -> Outcome:

@@ -79,3 +79,15 @@ def test_a_replica_with_no_prediction_yet_gets_the_cold_timeout() -> None:
     assert policy.call_timeout(0.0, None, 0.4) == pytest.approx(0.4)
     assert policy.judge_expiry(0.3, None) is Outcome.TIMEOUT  # past the floor: judged
     assert policy.judge_expiry(0.1, None) is Outcome.CANCELLED
+
+
+def test_the_fleets_successful_tail_raises_the_floor_on_a_slow_host() -> None:
+    # Every call is slow on a starved host: an attempt may take twice the recent p95 of
+    # successful calls, whatever the device-time prediction says.
+    assert POLICY.attempt_timeout(0.01, tail_s=0.8) == pytest.approx(1.6)
+    assert POLICY.attempt_timeout(None, tail_s=0.8) == pytest.approx(1.6)  # above the cold 1 s
+    assert POLICY.attempt_timeout(2.0, tail_s=0.8) == pytest.approx(8.0)  # the prediction rules
+    assert POLICY.attempt_timeout(0.01, tail_s=0.05) == pytest.approx(0.25)  # the floor
+    for bad in (float("nan"), float("inf"), -1.0):
+        assert POLICY.attempt_timeout(0.01, tail_s=bad) == pytest.approx(0.25)
+    assert POLICY.call_timeout(10.0, 0.01, 10.0 + 1.0, tail_s=0.8) == pytest.approx(1.0)
