@@ -73,6 +73,8 @@ SKIP: list[tuple[str, str]] = [
         "drives two minutes of load through three rollouts; tests/e2e/test_e2e_rollout.py runs it",
     ),
     (r"\bhalcyon rollout watch\b", "streams decisions until interrupted"),
+    (r"(?:^|/)pytest\b", "runs part of the test suite, which `make test` runs anyway"),
+    (r"\bapt-get\b", "installs system packages (.ci/run does it on CI)"),
 ]
 
 # Commands the README shows as alternatives: after one of them ended the rollout, the other
@@ -224,7 +226,9 @@ class LiveStack:
                     text[:end] + f" --controller {self.addresses['127.0.0.1:50050']}" + text[end:]
                 )
         bench = re.search(r"\bhalcyon bench\b", text)
-        if bench and "--duration" not in text and "--trace" not in text:
+        if bench and "--scenario rollout" in text and "--seeds" not in text:
+            text = text[: bench.end()] + " --seeds 4" + text[bench.end() :]
+        elif bench and "--duration" not in text and "--trace" not in text:
             end = bench.end()
             text = text[:end] + f" --duration {BENCH_DURATION_S}" + text[end:]
         return text
