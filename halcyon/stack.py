@@ -488,6 +488,16 @@ class Stack:
                 f'  {grpcurl} -plaintext -H "authorization: Bearer $(cat {token_file})" \\',
                 f"    {controller} halcyon.v1.ControlService/GetState",
                 "",
+                *(
+                    [
+                        "Ship v2 on evidence (with load running; `rollout --help` for more):",
+                        f"  {halcyon} rollout start {MODEL} v2 --steps 20,50,100 --window 5 "
+                        f"--watch --controller {controller} --operator-token-file {token_file}",
+                        "",
+                    ]
+                    if self.args.canary
+                    else []
+                ),
                 "Break something (the stack restarts it; the gateway routes around it):",
                 f"  kill -9 {victim_pid}",
                 "",
