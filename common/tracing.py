@@ -20,15 +20,18 @@ from __future__ import annotations
 import inspect
 import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any
 from urllib.parse import unquote
 
 import grpc
 from opentelemetry import propagate, trace
 from opentelemetry.context import Context
-from opentelemetry.instrumentation.grpc import aio_client_interceptors, filters
-from opentelemetry.instrumentation.grpc._aio_server import OpenTelemetryAioServerInterceptor
+from opentelemetry.instrumentation.grpc import (
+    aio_client_interceptors,
+    aio_server_interceptor,
+    filters,
+)
 from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -140,24 +143,57 @@ _SERVER_ERRORS = frozenset(
 )
 
 
-class _AioServerTracing(OpenTelemetryAioServerInterceptor):  # type: ignore[misc]
-    """The instrumentation's aio server interceptor, also for streaming handlers written as
-    coroutines that send with ``context.write`` (the controller's streams): the instrumentation
-    iterates every streaming handler as an async generator, which those are not. Such a
-    handler is awaited inside its span, as the instrumentation does for unary handlers."""
+class _StreamsAsGenerators(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """OpenTelemetry's aio server interceptor, through its public API, for every handler.
 
-    def _intercept_aio_server_stream(
-        self, behavior: Callable[..., Any], handler_call_details: Any
-    ) -> Callable[..., Any]:
-        if inspect.isasyncgenfunction(behavior):
-            return super()._intercept_aio_server_stream(behavior, handler_call_details)  # type: ignore[no-any-return,no-untyped-call]
-        return self._intercept_aio_server_unary(behavior, handler_call_details)  # type: ignore[no-any-return,no-untyped-call]
+    The instrumentation iterates every response-streaming handler as an async generator; the
+    controller's streams are coroutines that send with ``context.write``. Each such handler is
+    handed to the instrumentation as an async generator that awaits the coroutine and yields
+    nothing (grpc.aio lets a generator handler write through its context), so streams are
+    traced like every other method and nothing depends on the package's private parts.
+    """
+
+    def __init__(self, inner: grpc.aio.ServerInterceptor) -> None:
+        self._inner = inner
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        async def adapted(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+            return _as_generator(await continuation(details))
+
+        return await self._inner.intercept_service(adapted, handler_call_details)
+
+
+def _as_generator(handler: Any) -> Any:
+    """``handler`` with a coroutine response-stream behaviour turned into an async generator."""
+    if handler is None or not handler.response_streaming:
+        return handler
+    streaming = handler.request_streaming
+    behavior = handler.stream_stream if streaming else handler.unary_stream
+    if behavior is None or inspect.isasyncgenfunction(behavior):
+        return handler
+
+    async def generator(request: Any, context: Any) -> AsyncIterator[Any]:
+        await behavior(request, context)
+        return
+        yield  # makes this an async generator that yields nothing
+
+    make = (
+        grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_stream_rpc_method_handler
+    )
+    return make(
+        generator,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def server_interceptor() -> grpc.aio.ServerInterceptor:
     """The OpenTelemetry aio server interceptor (health checks and reflection untraced)."""
-    tracer = trace.get_tracer("opentelemetry.instrumentation.grpc")
-    return _AioServerTracing(tracer, filter_=_UNTRACED)  # type: ignore[no-untyped-call]
+    return _StreamsAsGenerators(aio_server_interceptor(filter_=_UNTRACED))  # type: ignore[no-untyped-call]
 
 
 def client_interceptors() -> list[Any]:
