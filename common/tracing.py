@@ -36,17 +36,6 @@ from opentelemetry.sdk.resources import SERVICE_NAME, Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
-from opentelemetry.semconv._incubating.attributes.net_attributes import (
-    NET_PEER_IP,
-    NET_PEER_NAME,
-    NET_PEER_PORT,
-)
-from opentelemetry.semconv._incubating.attributes.rpc_attributes import (
-    RPC_GRPC_STATUS_CODE,
-    RPC_METHOD,
-    RPC_SERVICE,
-    RPC_SYSTEM,
-)
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 __all__ = [
@@ -61,6 +50,16 @@ __all__ = [
     "start_client_span",
     "start_server_span",
 ]
+
+# The RPC semantic-convention attribute names the instrumentation puts on its spans. Spelled
+# out: the semconv package keeps them in a private (``_incubating``) module.
+RPC_SYSTEM = "rpc.system"
+RPC_SERVICE = "rpc.service"
+RPC_METHOD = "rpc.method"
+RPC_GRPC_STATUS_CODE = "rpc.grpc.status_code"
+NET_PEER_IP = "net.peer.ip"
+NET_PEER_NAME = "net.peer.name"
+NET_PEER_PORT = "net.peer.port"
 
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SAMPLER_ENV = "OTEL_TRACES_SAMPLER"
