@@ -17,6 +17,8 @@ share (design sections 3 and 6), so none of them re-invents it:
   a separate HTTP port;
 * the auth gate (:mod:`common.auth`) ahead of every handler, fail-closed: a service whose
   methods are not all in the method table cannot even be added;
+* request bytes that do not decode answered ``INVALID_ARGUMENT`` on every method grpc.aio
+  serves (:mod:`common.decode_guard`), inside the auth gate, never ``UNKNOWN``;
 * OpenTelemetry RPC spans for every method grpc.aio serves
   (:func:`common.tracing.server_interceptor`);
 * a bounded connection age (``--max-connection-age``): the server sends GOAWAY to connections
@@ -70,6 +72,7 @@ from prometheus_client import (
 
 from common.auth import Access, AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
+from common.decode_guard import DecodeGuard
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
 from common.liveness import LIVE, LivenessWatchdog, Verdict
@@ -292,7 +295,9 @@ class ServiceHost:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.grpc_metrics = GrpcServerMetrics(self.registry)
-        # Tracing outermost, so a call the auth gate refuses still has its span.
+        # Tracing outermost, so a call the auth gate refuses still has its span. The decode
+        # guard innermost: the gate's rejection replaces the guarded behaviour, so a caller
+        # without credentials hears UNAUTHENTICATED whatever bytes it sent.
         interceptors: list[Any] = [
             server_interceptor(),
             ServerMetricsInterceptor(self.grpc_metrics),
@@ -300,6 +305,7 @@ class ServiceHost:
         self._auth = auth
         if auth is not None:
             interceptors.append(AuthInterceptor(auth))
+        interceptors.append(DecodeGuard())
         self.server: grpc.aio.Server = grpc.aio.server(
             interceptors=interceptors, options=server_options(options)
         )
