@@ -35,6 +35,7 @@ import grpc.aio
 from google.protobuf import descriptor_pool
 
 from common.errors import RichError, abort, undecodable
+from common.handlers import behaviour_of, same_kind_handler
 
 __all__ = ["UNDECODABLE", "DecodeGuard", "guard_handler"]
 
@@ -154,22 +155,8 @@ def guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethod
     if deserializer is None:
         return handler
     err = undecodable(_message_type(method, deserializer))
-    kwargs: dict[str, Any] = {
-        "request_deserializer": _guarded(deserializer),
-        "response_serializer": handler.response_serializer,
-    }
-    streaming = handler.request_streaming
-    if handler.request_streaming and handler.response_streaming:
-        factory: Any = grpc.stream_stream_rpc_method_handler
-        inner = handler.stream_stream
-    elif handler.request_streaming:
-        factory, inner = grpc.stream_unary_rpc_method_handler, handler.stream_unary
-    elif handler.response_streaming:
-        factory, inner = grpc.unary_stream_rpc_method_handler, handler.unary_stream
-    else:
-        factory, inner = grpc.unary_unary_rpc_method_handler, handler.unary_unary
-    guarded: grpc.RpcMethodHandler = factory(_guard_behaviour(inner, streaming, err), **kwargs)
-    return guarded
+    behaviour = _guard_behaviour(behaviour_of(handler), handler.request_streaming, err)
+    return same_kind_handler(handler, behaviour, request_deserializer=_guarded(deserializer))
 
 
 class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]

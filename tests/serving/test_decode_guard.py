@@ -275,7 +275,7 @@ class _Context:
     ids=["generated", "hand-written"],
 )
 async def test_the_refusal_names_the_message_type(deserializer: Any, named: str) -> None:
-    assert control_pb2.GetStateRequest  # its file is in the descriptor pool
+    assert control_pb2.GetStateRequest.DESCRIPTOR.full_name  # its file is in the pool
     handler = grpc.unary_unary_rpc_method_handler(_unary, request_deserializer=deserializer)
     guarded = guard_handler("/halcyon.v1.ControlService/GetState", handler)
     context = _Context()
