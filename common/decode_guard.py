@@ -108,6 +108,22 @@ class _CheckedReads:
         return getattr(self._context, name)
 
 
+async def _invoke(
+    inner: Callable[..., Any],
+    request: Any,
+    context: grpc.aio.ServicerContext,
+    request_streaming: bool,
+    err: RichError,
+) -> Any:
+    """``inner``'s result for this call: the request checked (or its stream and reads set to
+    be checked), aborting with ``err`` on :data:`UNDECODABLE`."""
+    if request_streaming:
+        return inner(_checked(request, context, err), _CheckedReads(context, err))
+    if request is UNDECODABLE:
+        await abort(context, err)
+    return inner(request, context)
+
+
 def _guard_behaviour(
     inner: Callable[..., Any], request_streaming: bool, err: RichError
 ) -> Callable[..., Any]:
@@ -116,13 +132,7 @@ def _guard_behaviour(
     if inspect.isasyncgenfunction(inner):
 
         async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
-            if request_streaming:
-                responses = inner(_checked(request, context, err), _CheckedReads(context, err))
-            else:
-                if request is UNDECODABLE:
-                    await abort(context, err)
-                responses = inner(request, context)
-            async for response in responses:
+            async for response in await _invoke(inner, request, context, request_streaming, err):
                 yield response
 
         return stream
@@ -130,6 +140,7 @@ def _guard_behaviour(
     if inspect.iscoroutinefunction(inner) and not request_streaming:
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
+            # The hot shape (Infer on the aio path): no helper call.
             if request is UNDECODABLE:
                 await abort(context, err)
             return await inner(request, context)
@@ -137,12 +148,7 @@ def _guard_behaviour(
         return unary
 
     async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
-        if request_streaming:
-            result = inner(_checked(request, context, err), _CheckedReads(context, err))
-        else:
-            if request is UNDECODABLE:
-                await abort(context, err)
-            result = inner(request, context)
+        result = await _invoke(inner, request, context, request_streaming, err)
         return await result if inspect.isawaitable(result) else result
 
     return call
