@@ -15,10 +15,12 @@ import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+import common.serving as serving
+import common.stop_gate as stop_gate
 from common.errors import DOMAIN, Reason, RichError, parse_rpc_error
 from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.serving import STOP_HOLD_LIMIT_S, STOP_QUIET_S, ServiceHost, ServingOptions
-from common.stop_gate import ANSWER_BEFORE_DEADLINE_S, StopGate
+from common.stop_gate import StopGate
 
 SERVICE = "halcyon.test.Gated"
 RAW = f"/{SERVICE}/Raw"  # served off the completion queue
@@ -105,39 +107,60 @@ async def test_calls_after_quiesce_are_held_until_the_stop_then_refused(
 
 
 @pytest.mark.parametrize("method", [RAW, UNARY])
-async def test_a_held_call_is_answered_just_before_its_deadline(
-    host: ServiceHost, method: str
+async def test_a_held_call_is_answered_before_its_deadline(
+    host: ServiceHost, method: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # A wide margin, so a busy machine cannot turn the answer into the client's own deadline.
+    monkeypatch.setattr(stop_gate, "ANSWER_BEFORE_DEADLINE_S", 0.3)
     async with grpc.aio.insecure_channel(host.grpc_address) as channel:
         await _ask(channel, method)
         quiescing = asyncio.ensure_future(host.quiesce())
         await asyncio.sleep(0)
         t0 = time.monotonic()
-        held = asyncio.ensure_future(_ask(channel, method, deadline_s=0.5))
+        held = asyncio.ensure_future(_ask(channel, method, deadline_s=1.0))
         await asyncio.wait({held, quiescing})
         took = time.monotonic() - t0
     assert _is_shutting_down(_refusal(held)), _refusal(held)  # not DEADLINE_EXCEEDED
-    assert 0.5 - 2 * ANSWER_BEFORE_DEADLINE_S - 0.1 < took < 0.5, took
+    assert 0.6 < took < 1.0, took  # held until 0.3 s before its deadline, not answered at once
 
 
-async def test_health_checks_are_answered_while_calls_are_held(host: ServiceHost) -> None:
+async def test_health_checks_are_neither_held_nor_arrivals(
+    host: ServiceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serving, "STOP_HOLD_LIMIT_S", 30.0)  # quiet, or nothing
+    loop = asyncio.get_running_loop()
     async with grpc.aio.insecure_channel(host.grpc_address) as channel:
         host.set_ready(True)
-        quiescing = asyncio.ensure_future(host.quiesce())
-        await asyncio.sleep(0)
         health = health_pb2_grpc.HealthStub(channel)
-        for _ in range(5):  # checks arrive throughout, yet quiesce still sees no arrivals
-            answer = await health.Check(health_pb2.HealthCheckRequest(service="readiness"))
+        quiescing = asyncio.ensure_future(host.quiesce())
+        give_up = loop.time() + 10.0
+        checks = 0
+        # Checks keep coming, faster than the quiet period, and quiesce still sees quiet.
+        while not quiescing.done() and loop.time() < give_up:
+            answer = await health.Check(
+                health_pb2.HealthCheckRequest(service="readiness"), timeout=5
+            )
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
-            await asyncio.sleep(STOP_QUIET_S / 4)
-        await asyncio.wait_for(quiescing, STOP_QUIET_S + 0.5)
+            checks += 1
+            await asyncio.sleep(STOP_QUIET_S / 5)
+        assert quiescing.done() and checks >= 1
 
 
-async def test_quiesce_returns_once_arrivals_stop(host: ServiceHost) -> None:
+async def test_quiesce_returns_once_arrivals_stop(
+    host: ServiceHost, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(serving, "STOP_HOLD_LIMIT_S", 30.0)  # quiet, or nothing
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
-    await host.quiesce()
-    assert STOP_QUIET_S <= loop.time() - t0 < STOP_HOLD_LIMIT_S
+    async with grpc.aio.insecure_channel(host.grpc_address) as channel:
+        t0 = loop.time()
+        quiescing = asyncio.ensure_future(host.quiesce())
+        held = [asyncio.ensure_future(_ask(channel, UNARY, deadline_s=30)) for _ in range(8)]
+        await asyncio.wait_for(quiescing, 10.0)
+        took = loop.time() - t0
+        await host.stop(1.0)
+        await asyncio.wait(held)
+    assert STOP_QUIET_S <= took < 10.0
+    assert all(_is_shutting_down(parse_rpc_error(f.exception())) for f in held)  # type: ignore[arg-type]
 
 
 async def test_quiesce_gives_up_at_its_limit_while_calls_keep_arriving(host: ServiceHost) -> None:
@@ -150,10 +173,11 @@ async def test_quiesce_gives_up_at_its_limit_while_calls_keep_arriving(host: Ser
         while not quiescing.done():  # an open loop: a new call every STOP_QUIET_S / 3
             held.append(asyncio.ensure_future(_ask(channel, UNARY, deadline_s=5)))
             await asyncio.sleep(STOP_QUIET_S / 3)
+            assert loop.time() - t0 < 10.0, "quiesce did not give up"
         took = loop.time() - t0
         await host.stop(1.0)
         await asyncio.wait(held)
-    assert STOP_HOLD_LIMIT_S <= took < STOP_HOLD_LIMIT_S + 0.2, took
+    assert took >= STOP_HOLD_LIMIT_S, took
     assert len(held) >= 4
     assert all(_is_shutting_down(parse_rpc_error(f.exception())) for f in held)  # type: ignore[arg-type]
 
