@@ -37,6 +37,7 @@ import grpc
 import grpc.aio
 
 from common.errors import Reason, RichError, abort, permission_denied, unauthenticated
+from common.handlers import same_kind_handler
 
 __all__ = [
     "METHOD_ACCESS",
@@ -211,17 +212,7 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler, err: RichError) -> grpc.R
     async def reject(_request: Any, context: grpc.aio.ServicerContext) -> Any:
         await abort(context, err)
 
-    kwargs: dict[str, Any] = {
-        "request_deserializer": handler.request_deserializer,
-        "response_serializer": handler.response_serializer,
-    }
-    if handler.request_streaming and handler.response_streaming:
-        return grpc.stream_stream_rpc_method_handler(reject, **kwargs)
-    if handler.request_streaming:
-        return grpc.stream_unary_rpc_method_handler(reject, **kwargs)
-    if handler.response_streaming:
-        return grpc.unary_stream_rpc_method_handler(reject, **kwargs)
-    return grpc.unary_unary_rpc_method_handler(reject, **kwargs)
+    return same_kind_handler(handler, reject)
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]

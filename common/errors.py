@@ -49,6 +49,7 @@ __all__ = [
     "quota_exceeded",
     "unauthenticated",
     "unavailable",
+    "undecodable",
 ]
 
 DOMAIN = "halcyon.dev"
@@ -233,6 +234,12 @@ def invalid_argument(field: str, description: str) -> RichError:
         metadata={"field": field},
         field_violations=[FieldViolation(field, description)],
     )
+
+
+def undecodable(message_type: str) -> RichError:
+    """Request bytes that do not parse as the method's message: INVALID_ARGUMENT naming
+    ``request`` and the message type (one answer for every serving path)."""
+    return invalid_argument("request", f"not a valid {message_type}")
 
 
 def not_found_model(model: str) -> RichError:

@@ -349,6 +349,9 @@ class RawUnaryEndpoint:
         # Set by the host when its other methods are guarded by an auth interceptor, which
         # this endpoint bypasses: (method, metadata) -> the rejection, or None to proceed.
         self.authorize: Callable[[str, Metadata], RichError | None] | None = None
+        # Set by the host just before it stops: takes each received call instead of the
+        # handler (returns True), so none arrives pending at the stop (common.stop_gate).
+        self.hold: Callable[[RawCall], bool] | None = None
         # Set by the host: called on the loop, once, when the pump cannot go on.
         self.on_failure: Callable[[str], None] | None = None
         self.fault_hook: FaultHook | None = None
@@ -614,6 +617,8 @@ class RawUnaryEndpoint:
                     },
                 )
             )
+            return
+        if self.hold is not None and self.hold(raw):
             return
         if self.authorize is not None:
             refused = self.authorize(self.method, raw.metadata)

@@ -17,6 +17,8 @@ share (design sections 3 and 6), so none of them re-invents it:
   a separate HTTP port;
 * the auth gate (:mod:`common.auth`) ahead of every handler, fail-closed: a service whose
   methods are not all in the method table cannot even be added;
+* request bytes that do not decode answered ``INVALID_ARGUMENT`` on every method grpc.aio
+  serves (:mod:`common.decode_guard`), inside the auth gate, never ``UNKNOWN``;
 * OpenTelemetry RPC spans for every method grpc.aio serves
   (:func:`common.tracing.server_interceptor`);
 * a bounded connection age (``--max-connection-age``): the server sends GOAWAY to connections
@@ -28,8 +30,11 @@ share (design sections 3 and 6), so none of them re-invents it:
   core rejects a call above them with RESOURCE_EXHAUSTED before any handler sees it;
 * a ready file written atomically after binding, so scripts and tests learn ephemeral ports;
 * graceful shutdown on SIGTERM/SIGINT: readiness off, keep serving for ``--drain-delay`` (so
-  load balancers see NOT_SERVING and stop sending), the caller's drain hook, then
-  ``server.stop(grace)``. A second signal skips what is left of the delay and the grace.
+  load balancers and health-checking clients see NOT_SERVING and stop sending), the caller's
+  drain hook (the application stops taking new work and finishes what it accepted), then new
+  calls held until none is pending in gRPC's transport (:mod:`common.stop_gate`, at most
+  :data:`STOP_HOLD_LIMIT_S`), then ``server.stop(grace)`` and the held calls refused with
+  ``SHUTTING_DOWN``. A second signal skips what is left of the delay and the grace.
 
 Why ``so_reuseport`` is off: with it on (gRPC's default on Linux) a second process silently
 binds the same port and steals half the connections; a fixed port must fail loudly instead.
@@ -70,11 +75,13 @@ from prometheus_client import (
 
 from common.auth import Access, AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
+from common.decode_guard import DecodeGuard
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
 from common.liveness import LIVE, LivenessWatchdog, Verdict
 from common.ports import describe_port_holders
 from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
+from common.stop_gate import StopGate
 from common.tracing import server_interceptor
 
 __all__ = [
@@ -85,6 +92,8 @@ __all__ = [
     "READINESS",
     "SERVING_PATHS",
     "SERVING_PATH_ENV",
+    "STOP_HOLD_LIMIT_S",
+    "STOP_QUIET_S",
     "ServiceHost",
     "ServingFailed",
     "ServingOptions",
@@ -109,6 +118,11 @@ MAX_METADATA_BYTES = 16 * 1024
 # Kubernetes removes a pod from Service endpoints asynchronously, typically within a few
 # seconds of the pod's termination starting.
 DEFAULT_DRAIN_DELAY_S = 5.0
+# After the drain hook, before the stop (ServiceHost.quiesce): new calls are held until none has
+# arrived for STOP_QUIET_S (gRPC's pending calls have all been taken), STOP_HOLD_LIMIT_S at most.
+# 50 ms: 32 closed-loop clients' calls were all held within ~8 ms of the gate closing.
+STOP_QUIET_S = 0.05
+STOP_HOLD_LIMIT_S = 0.25
 _log = logging.getLogger("halcyon.serving")
 # fast: the completion-queue endpoints where grpcio is verified (else aio, said once); aio: never.
 SERVING_PATHS = ("fast", "aio")
@@ -292,14 +306,20 @@ class ServiceHost:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.grpc_metrics = GrpcServerMetrics(self.registry)
-        # Tracing outermost, so a call the auth gate refuses still has its span.
+        # Tracing outermost, so a call the auth gate refuses still has its span; the stop gate
+        # inside the metrics, so held calls are counted. The decode guard innermost: the auth
+        # gate's rejection replaces the guarded behaviour, so a caller without credentials
+        # hears UNAUTHENTICATED whatever bytes it sent.
+        self._stop_gate = StopGate(name)
         interceptors: list[Any] = [
             server_interceptor(),
             ServerMetricsInterceptor(self.grpc_metrics),
+            self._stop_gate,
         ]
         self._auth = auth
         if auth is not None:
             interceptors.append(AuthInterceptor(auth))
+        interceptors.append(DecodeGuard())
         self.server: grpc.aio.Server = grpc.aio.server(
             interceptors=interceptors, options=server_options(options)
         )
@@ -566,8 +586,28 @@ class ServiceHost:
     def ready(self) -> bool:
         return self.health.get(READINESS) == SERVING
 
+    async def quiesce(self) -> None:
+        """Hold every new call from now until :meth:`stop` (which refuses them with
+        ``SHUTTING_DOWN`` once the server's stop has begun), and return once no call is
+        pending in gRPC's transport any more: none has arrived for :data:`STOP_QUIET_S`, or
+        :data:`STOP_HOLD_LIMIT_S` has passed (:mod:`common.stop_gate`)."""
+        for endpoint in self._raw_endpoints:
+            endpoint.hold = self._stop_gate.hold_raw
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await self._stop_gate.quiet(STOP_QUIET_S, STOP_HOLD_LIMIT_S)
+        _log.info(
+            "stopping the server",
+            extra={
+                "host_name": self.name,
+                "held_calls": self._stop_gate.held,
+                "held_for_s": round(loop.time() - began, 3),
+            },
+        )
+
     async def stop(self, grace_s: float | None = None) -> None:
-        """Every health name NOT_SERVING, stop the server within the grace, close /metrics."""
+        """Every health name NOT_SERVING, stop the server within the grace (calls held by
+        :meth:`quiesce` are refused as it begins), close /metrics."""
         if self._stopped:
             return
         self._stopped = True
@@ -579,7 +619,12 @@ class ServiceHost:
         grace = self.options.grace_s if grace_s is None else grace_s
         for endpoint in self._raw_endpoints:
             endpoint.stop_accepting()
-        await self.server.stop(grace)
+        stopping = asyncio.ensure_future(self.server.stop(grace))
+        # Held calls are answered right after the stop's first step, which sends GOAWAY (in
+        # grpc.aio it runs to the core's shutdown call without yielding; callbacks run in the
+        # order they were scheduled): the clients' next calls then go to another server.
+        asyncio.get_running_loop().call_soon(self._stop_gate.release)
+        await stopping
         for endpoint in self._raw_endpoints:
             await endpoint.close()
         if self._probe is not None:
@@ -601,8 +646,9 @@ class ServiceHost:
         self, on_shutdown: Callable[[], Awaitable[None]] | None = None
     ) -> None:
         """Wait for SIGTERM/SIGINT (or :meth:`request_shutdown`), then shut down gracefully:
-        readiness off, keep serving for the drain delay, ``await on_shutdown()``,
-        ``server.stop(grace)``. A second signal hastens this: the rest of the delay is skipped
+        readiness off, keep serving for the drain delay, ``await on_shutdown()``, hold new
+        calls until none is pending (:mod:`common.stop_gate`), ``server.stop(grace)`` and
+        refuse the held calls. A second signal hastens this: the rest of the delay is skipped
         and, once stopping, the drain hook is cancelled and in-flight calls are ended now.
 
         Raises :class:`ServingFailed` after that stop if it began because a completion-queue
@@ -640,6 +686,7 @@ class ServiceHost:
         async def graceful() -> None:
             if on_shutdown is not None:
                 await on_shutdown()
+            await self.quiesce()
             await self.stop()
 
         stopping = asyncio.ensure_future(graceful())

@@ -36,12 +36,12 @@ from common.errors import (
     Reason,
     RichError,
     abort,
-    invalid_argument,
     not_found_model,
     permission_denied,
     quota_exceeded,
     unauthenticated,
     unavailable,
+    undecodable,
 )
 from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, UnaryClientRecorder
 from common.raw_unary import RawCall, RawUnaryEndpoint
@@ -224,7 +224,7 @@ class RawInferAdapter:
             request = self._parse(call.request)
             admitted = app.admit(request, call.metadata, call.time_remaining(), span)
         except DecodeError:
-            _reject(call, span, invalid_argument("request", "not a valid halcyon.v1.InferRequest"))
+            _reject(call, span, undecodable("halcyon.v1.InferRequest"))
             return
         except RichError as err:
             _reject(call, span, err)

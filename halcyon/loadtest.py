@@ -24,6 +24,12 @@ every load rejection (``UNAVAILABLE``, ``RESOURCE_EXHAUSTED``, ``DEADLINE_EXCEED
 ``ABORTED``), which *is* a retry storm. Every attempt gets a fresh ``--deadline-ms``; no retry
 is sent after the run's end. ``--json`` adds a per-second timeline of attempt outcomes.
 
+Balancing: one channel for all clients, with gRPC's default ``pick_first`` (the first address
+of ``--target`` that connects, until it goes away) unless ``--health-check SERVICE`` asks for
+what the README tells clients to do: ``round_robin`` over every address with client-side health
+checking on that ``grpc.health.v1`` service name, so a gateway whose ``readiness`` turns
+NOT_SERVING (draining) gets no new calls.
+
 With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total`` and
 batch-size histogram before and after the run and reports the gateway's CPU time per request
 and how many batches it dispatched for them.
@@ -136,6 +142,24 @@ def _request_pool(model: str, session: str, rng: random.Random, size: int = 32) 
     return pool
 
 
+def balancing_service_config(health_check: str) -> dict[str, Any]:
+    """The gRPC service config of a client that balances over every address of its target
+    (``round_robin``) and picks only those whose ``grpc.health.v1`` status for the service
+    name ``health_check`` is SERVING (client-side health checking, gRFC A17)."""
+    return {
+        "loadBalancingConfig": [{"round_robin": {}}],
+        "healthCheckConfig": {"serviceName": health_check},
+    }
+
+
+def channel_options(health_check: str | None) -> list[tuple[str, Any]]:
+    """The load generator's channel options: gRPC's defaults (pick_first) unless
+    ``health_check`` names a health service to balance on."""
+    if health_check is None:
+        return []
+    return [("grpc.service_config", json.dumps(balancing_service_config(health_check)))]
+
+
 def is_halcyon_answer(err: RichError) -> bool:
     """True if the status came from Halcyon (its ErrorInfo), not from the transport."""
     return err.reason is not None and err.domain == DOMAIN
@@ -208,7 +232,9 @@ class LoadGenerator:
         self._t0 = 0.0
         self._stop_at = 0.0
         self._retry_timer: _RetryTimer | None = None
-        self.channel = grpc.insecure_channel(args.target)
+        self.channel = grpc.insecure_channel(
+            args.target, options=channel_options(getattr(args, "health_check", None))
+        )
         self.call = self.channel.unary_unary(
             INFER_METHOD,
             request_serializer=None,
@@ -570,7 +596,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--target",
         default="127.0.0.1:50051",
         metavar="HOST:PORT",
-        help="gateway address (default 127.0.0.1:50051)",
+        help="gateway address, or a gRPC target naming several (ipv4:A,B or dns:///NAME:PORT; "
+        "see --health-check) (default 127.0.0.1:50051)",
     )
     parser.add_argument(
         "--api-key", default="demo-key-premium", help="tenant API key (default demo-key-premium)"
@@ -612,6 +639,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="resend at once after every load rejection (UNAVAILABLE, RESOURCE_EXHAUSTED, "
         "DEADLINE_EXCEEDED, ABORTED): a retry storm (default: no retries)",
+    )
+    parser.add_argument(
+        "--health-check",
+        metavar="SERVICE",
+        help="balance over every address of --target (e.g. ipv4:A,B or a dns:/// name) with "
+        "round_robin, sending only to servers whose grpc.health.v1 status for SERVICE is "
+        "SERVING (client-side health checking): 'readiness' moves load off a Halcyon gateway "
+        "as soon as it starts draining (default: off, gRPC's pick_first: one address at a "
+        "time, no health checks)",
     )
     parser.add_argument(
         "--connect-timeout",
@@ -667,6 +703,8 @@ def run(args: argparse.Namespace) -> int:
         tally, tally.started, after.minus(before) if after is not None and before else None
     )
     mode = f"open loop {args.rate:g} req/s" if args.rate else f"{args.clients} clients"
+    if args.health_check is not None:
+        mode += f", round_robin on health of {args.health_check!r}"
     if args.honor_retry_info:
         mode += ", honouring retry advice"
     elif args.retry_immediately:

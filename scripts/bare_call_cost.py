@@ -7,6 +7,10 @@ Starts a ``ServiceHost`` with one echo method in a child process, on ``--serving
 
     .venv/bin/python scripts/bare_call_cost.py --path fast
     .venv/bin/python scripts/bare_call_cost.py --path aio
+    .venv/bin/python scripts/bare_call_cost.py --path aio --decode
+
+``--decode`` gives the aio method a protobuf request deserializer, as every real method has, so
+the per-call work of the decode guard (``common.decode_guard``) is in the figure.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import grpc
 import grpc.aio
+from google.protobuf.wrappers_pb2 import BytesValue
 
 METHOD = "/halcyon.bench.Echo/Call"
 
@@ -33,15 +38,19 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def _serve(path: str) -> None:
+async def _serve(path: str, decode: bool) -> None:
     from common.raw_unary import RawCall, RawUnaryEndpoint
     from common.serving import ServiceHost, ServingOptions
 
-    async def echo(request: bytes, context: Any) -> bytes:
+    async def echo(request: Any, context: Any) -> Any:
         return request
 
     def register(_servicer: Any, server: Any) -> None:
-        handler = grpc.unary_unary_rpc_method_handler(echo)
+        handler = grpc.unary_unary_rpc_method_handler(
+            echo,
+            request_deserializer=BytesValue.FromString if decode else None,
+            response_serializer=BytesValue.SerializeToString if decode else None,
+        )
         server.add_generic_rpc_handlers(
             (grpc.method_handlers_generic_handler("halcyon.bench.Echo", {"Call": handler}),)
         )
@@ -58,6 +67,7 @@ async def _serve(path: str) -> None:
 
 
 async def _drive(address: str, calls: int, concurrency: int) -> float:
+    body = BytesValue(value=b"x" * 62).SerializeToString()  # 64 bytes, either way
     async with grpc.aio.insecure_channel(address) as channel:
         call = channel.unary_unary(METHOD)
         left = calls
@@ -66,7 +76,7 @@ async def _drive(address: str, calls: int, concurrency: int) -> float:
             nonlocal left
             while left > 0:
                 left -= 1
-                await call(b"x" * 64, timeout=10)
+                await call(body, timeout=10)
 
         began = time.perf_counter()
         await asyncio.gather(*(client() for _ in range(concurrency)))
@@ -78,13 +88,19 @@ def main() -> int:
     parser.add_argument("--path", choices=("fast", "aio"), default="fast", help="(default fast)")
     parser.add_argument("--calls", type=int, default=20000, help="measured calls (default 20000)")
     parser.add_argument("--concurrency", type=int, default=64, help="in flight (default 64)")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="aio: the method decodes its request as a protobuf message (default: raw bytes)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        asyncio.run(_serve(args.path))
+        asyncio.run(_serve(args.path, args.decode))
         return 0
     child = subprocess.Popen(
-        [sys.executable, __file__, "--serve", "--path", args.path],
+        [sys.executable, __file__, "--serve", "--path", args.path]
+        + (["--decode"] if args.decode else []),
         stdout=subprocess.PIPE,
         text=True,
     )
@@ -99,7 +115,8 @@ def main() -> int:
         child.terminate()
         child.wait(10)
     print(
-        f"path={served_by} calls={args.calls} concurrency={args.concurrency} "
+        f"path={served_by}{' decode' if args.decode else ''} calls={args.calls} "
+        f"concurrency={args.concurrency} "
         f"server_cpu_per_call={cpu / args.calls * 1000:.3f} ms calls_per_s={args.calls / wall:.0f}"
     )
     return 0

@@ -24,7 +24,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
 from common.durations import to_duration, to_seconds
-from common.errors import RichError, abort, invalid_argument
+from common.errors import RichError, abort, invalid_argument, undecodable
 from common.raw_unary import RawCall
 from common.tracing import end_rpc_span, spans_recorded, start_server_span
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
@@ -192,7 +192,7 @@ class RawExecuteBatch:
         try:
             request = worker_pb2.ExecuteBatchRequest.FromString(call.request)
         except DecodeError:
-            err = invalid_argument("request", "not a valid halcyon.v1.ExecuteBatchRequest")
+            err = undecodable("halcyon.v1.ExecuteBatchRequest")
             call.reject(err)
             if span is not None:
                 end_rpc_span(span, err.code, err.message)

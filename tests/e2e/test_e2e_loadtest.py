@@ -5,18 +5,23 @@ A gateway whose only tenant has a small quota (about a dozen requests a second) 
 a closed loop's calls into ``QUOTA_EXCEEDED``: the report must not call those throughput.
 Honouring ``RetryInfo`` must measure the quota (few rejections per success); retrying at once
 is the retry storm (many). A call to a server that is not a gateway is lost, not answered.
+Given two gateways, ``--health-check readiness`` balances over both and sends nothing to one
+whose readiness is NOT_SERVING (draining), where gRPC's default sticks to the first address.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import signal
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from grpc_health.v1 import health_pb2
 
 pytestmark = pytest.mark.e2e
 
@@ -111,3 +116,51 @@ def test_calls_nobody_answers_as_halcyon_are_lost(quota_fleet: Any) -> None:
     assert report["outcomes"] == {"UNIMPLEMENTED": report["requests"]}
     assert report["success_rps"] == report["answered_rps"] == 0.0
     assert sum(row["lost"] for row in report["timeline"]) == report["lost"]
+
+
+def _infer_started(e2e: SimpleNamespace, gateway: Any) -> float:
+    return float(e2e.sample(e2e.scrape(gateway), "grpc_server_started_total", grpc_method="Infer"))
+
+
+def test_health_checking_clients_balance_and_leave_a_draining_gateway(
+    launch: Any, e2e: SimpleNamespace
+) -> None:
+    # Two gateways on one fleet; the loadtest knows both addresses.
+    fleet = launch.fleet({"replica-a": e2e.INSTANT})
+    second = launch.gateway(fleet.controller, "--drain-delay", "30", name="gateway-b")
+    second.wait_ready()
+    launch.attach(fleet, second)
+    gateways = (fleet.gateway, second)
+    target = f"ipv4:{fleet.gateway.grpc},{second.grpc}"
+
+    def run(*extra: str) -> tuple[dict[str, Any], list[float]]:
+        before = [_infer_started(e2e, g) for g in gateways]
+        proc = subprocess.run(
+            [sys.executable, "-m", "halcyon", "loadtest", "--target", target, "--clients", "4",
+             "--seconds", "1.5", "--json", *extra],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout), [
+            _infer_started(e2e, g) - b for g, b in zip(gateways, before, strict=True)
+        ]
+
+    # gRPC's default, pick_first: every call to the first address.
+    report, calls = run()
+    assert report["lost"] == 0 and calls[0] > 0 and calls[1] == 0, calls
+    # round_robin over both, each SERVING on readiness.
+    report, calls = run("--health-check", "readiness")
+    assert report["lost"] == 0 and "round_robin" in report["mode"]
+    assert min(calls) > 0.3 * sum(calls), calls
+    # The second gateway drains: readiness NOT_SERVING, still serving for 30 s. Health-checking
+    # clients send it nothing; it is still up and would answer.
+    second.send(signal.SIGTERM)
+    e2e.wait_for(
+        lambda: fleet.health(second) == health_pb2.HealthCheckResponse.NOT_SERVING,
+        5.0,
+        "gateway-b readiness NOT_SERVING",
+    )
+    report, calls = run("--health-check", "readiness")
+    assert report["lost"] == 0 and report["ok"] == report["requests"] > 0
+    assert calls[0] > 0 and calls[1] == 0, calls
+    second.check_alive()

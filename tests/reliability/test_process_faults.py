@@ -29,7 +29,7 @@ from reliability_fleet import (
     scrape,
     wait_mid_batch,
 )
-from reliability_load import Load, LoadResult, outcome_key
+from reliability_load import Load, LoadResult, calls_started, outcome_key
 from reliability_table import is_answer
 
 from halcyon.v1 import infer_pb2
@@ -220,42 +220,108 @@ def test_controller_sigkill_and_restart(launcher: Any, whole: Any, scoreboard: A
     scoreboard.check(row)
 
 
+# The leaving gateway's drain delay: long enough for health-checking clients to see readiness
+# NOT_SERVING and stop picking it (gRPC reacts within ~0.3 s), short enough for the suite.
+DRAIN_DELAY_S = 1.0
+ARRIVALS_POLL_S = 0.05
+# How the load's clients pick a gateway: as the README tells them to (round_robin with health
+# checks on readiness), or gRPC's default (pick_first: one address until it goes away).
+HEALTH_CHECKING = "health-checking"
+PICK_FIRST = "pick_first"
+
+
+def _arrivals_until_stop(gateway: Any, since: float, count: float) -> tuple[float | None, int]:
+    """Poll the gateway's count of started Infer calls, ``count`` at ``since`` (monotonic),
+    until its /metrics goes away (it stops) or it exits: when, in seconds after ``since``, the
+    count last grew (None: not once), and by how much it grew in all."""
+    last_growth: float | None = None
+    first = count
+    while gateway.alive:
+        try:
+            now_count = calls_started(gateway)
+        except OSError:  # /metrics closed: the server has stopped
+            break
+        if now_count > count:
+            last_growth, count = time.monotonic() - since, now_count
+        time.sleep(ARRIVALS_POLL_S)
+    return last_growth, int(count - first)
+
+
+@pytest.mark.parametrize("clients", [HEALTH_CHECKING, PICK_FIRST])
 @pytest.mark.parametrize("serving_path", ["fast", "aio"])
 def test_gateway_sigterm_under_load(
-    launcher: Any, whole: Any, scoreboard: Any, serving_path: str
+    launcher: Any, whole: Any, scoreboard: Any, serving_path: str, clients: str
 ) -> None:
-    # A second gateway takes the load first: the clients know both addresses (pick_first), as
-    # clients behind a load balancer would, and fail over when the first one goes away. Both
-    # serving paths, since shutdown is where they differ most.
+    # The clients know both gateways (ipv4:A,B here, a headless Service's DNS name in
+    # Kubernetes); the leaving one runs as deployed: on SIGTERM, readiness NOT_SERVING while it
+    # keeps serving for its drain delay, then it stops. Health-checking clients (the README's
+    # advice) stop picking it during the delay, so no call is left pending in its transport
+    # when it stops (gRPC core would end those CANCELLED, grpc/grpc#41785). pick_first clients
+    # send to it until the stop's GOAWAY: what saves their calls is the server holding new calls
+    # until none is pending (common.stop_gate). Both serving paths: they differ most here.
     leaving = launcher.gateway(
         whole.controller,
         "--shutdown-grace",
         "5",
+        "--drain-delay",
+        f"{DRAIN_DELAY_S:g}",
         "--serving-path",
         serving_path,
-        name=f"gateway-leaving-{serving_path}",
+        name=f"gateway-leaving-{serving_path}-{clients}",
     )
     leaving.wait_ready()
     launcher.attach(whole, leaving)
     target = f"ipv4:{leaving.grpc},{whole.gateway.grpc}"
-    name = f"gateway-sigterm-{serving_path}"
-    with _load(launcher, whole, name, seconds=8, target=target, gateway=leaving) as load:
+    health_checking = clients == HEALTH_CHECKING
+    with _load(
+        launcher,
+        whole,
+        f"gateway-sigterm-{serving_path}-{clients}",
+        seconds=8,
+        target=target,
+        gateway=leaving,
+        extra=("--health-check", "readiness") if health_checking else (),
+    ) as load:
+        load.sleep_until(2.5)
+        before = calls_started(leaving)
         load.sleep_until(3.0)
+        started = calls_started(leaving)
+        taking = started - before  # its share of the load, just before the fault
         fault_at = load.now()
+        signalled = time.monotonic()
         leaving.send(signal.SIGTERM)
+        last_arrival_s, arrivals = _arrivals_until_stop(leaving, signalled, started)
         code = leaving.wait_exit(10.0)
-        exited_s = load.now() - fault_at
+        exited_s = time.monotonic() - signalled
         result = load.result()
-    row = result.row(f"gateway SIGTERM, {serving_path} path", fault_at_s=fault_at)
+    scenario = f"gateway SIGTERM, {serving_path} path"
+    row = result.row(
+        scenario if health_checking else f"{scenario}, {clients} clients", fault_at_s=fault_at
+    )
     refused = result.rejected.get("SHUTTING_DOWN", 0)
+    moved = (
+        "none started on it after SIGTERM"
+        if last_arrival_s is None
+        else f"the last of {arrivals} started on it {last_arrival_s:.2f} s after SIGTERM"
+    )
+    how = "round_robin on readiness" if health_checking else "pick_first"
     row.notes.append(
-        f"exit {code} {exited_s:.2f} s after SIGTERM; {refused} new requests refused with "
-        f"SHUTTING_DOWN; the clients then failed over to the other gateway"
+        f"clients {how}, drain delay {DRAIN_DELAY_S:g} s: it started {taking:.0f} calls in the "
+        f"0.5 s before SIGTERM, {moved}; {refused} refused with SHUTTING_DOWN; exit {code} "
+        f"{exited_s:.2f} s after SIGTERM"
     )
     if code != 0:
         row.failures.append(f"the gateway exited with {code}")
-    if not refused:
-        row.failures.append("no request was refused with SHUTTING_DOWN while it drained")
+    if not taking:
+        row.failures.append("the leaving gateway took no calls before SIGTERM: nothing tested")
+    if health_checking and last_arrival_s is not None and last_arrival_s >= DRAIN_DELAY_S:
+        row.failures.append(
+            f"calls still arrived {last_arrival_s:.2f} s after SIGTERM, after the "
+            f"{DRAIN_DELAY_S:g} s drain delay: the clients did not move before the stop"
+        )
+    served_after = sum(w.ok for w in result.windows() if w.start_s >= fault_at + exited_s)
+    if not served_after:
+        row.failures.append("nothing was served after the gateway exited: the clients did not move")
     _check_served_after_failover(result, row.failures)
     scoreboard.check(row)
 
