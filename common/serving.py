@@ -114,6 +114,12 @@ _OPEN = (Access.PUBLIC, Access.TENANT)  # the auth gate lets these through to th
 MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
 # One limit for all metadata of a call: soft = hard, so a rejection is certain, not random.
 MAX_METADATA_BYTES = 16 * 1024
+# Calls gRPC core holds for a server whose application has not yet taken them. Past core's
+# default soft limit (1,000) it drops new calls at random with a bare CANCELLED before any
+# handler sees them, so a retry storm lost thousands of requests with no answer at all. Held
+# instead, each reaches admission and gets a typed answer (ADR 0017). A held call costs its
+# arena and what flow control already let in, so the bound is memory, not correctness.
+MAX_PENDING_CALLS = 50_000
 # On SIGTERM, how long a server stays up with readiness off before it stops accepting calls:
 # Kubernetes removes a pod from Service endpoints asynchronously, typically within a few
 # seconds of the pod's termination starting.
@@ -720,6 +726,8 @@ def server_options(options: ServingOptions) -> list[tuple[str, Any]]:
         ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
         ("grpc.max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
+        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
     ]
     if options.max_connection_age_s:
         core += [
