@@ -108,6 +108,28 @@ _PRIORITY: dict[int, Priority] = {
     infer_pb2.PRIORITY_SHEDDABLE: Priority.SHEDDABLE,
 }
 # Rejections that mean no work was done for the request: its quota is refunded.
+# Batcher refusals of admitted work that say the queue ahead was too long (limiter evidence).
+_QUEUE_SHED_REASONS = frozenset(
+    {Reason.DEADLINE_UNREACHABLE, Reason.DEADLINE_MISSED, Reason.QUEUE_FULL}
+)
+
+
+def _queue_shed_budget(err: RichError, budget_s: float) -> float | None:
+    """``budget_s`` if ``err`` blames the queue ahead, None if not (or if the request's own work
+    took half its budget: then the request, not the queue, was too much for its deadline)."""
+    if err.reason not in _QUEUE_SHED_REASONS:
+        return None
+    meta = err.metadata
+    try:
+        own = float(meta.get("own_ms", 0.0)) + float(meta.get("margin_ms", 0.0))
+        deadline = float(meta.get("deadline_ms", "inf"))
+    except ValueError:
+        return None
+    if own >= 0.5 * deadline:
+        return None
+    return budget_s
+
+
 _SHED_REASONS = frozenset(
     {
         Reason.DEADLINE_UNREACHABLE,
@@ -623,7 +645,13 @@ class GatewayApp:
                 AdmissionOutcome.SHED if err.reason in _SHED_REASONS else AdmissionOutcome.FAILED
             )
             done = self.clock.now()
-            self.admission.finish(admitted.ticket, outcome, None, done)
+            self.admission.finish(
+                admitted.ticket,
+                outcome,
+                None,
+                done,
+                queue_shed_budget_s=_queue_shed_budget(err, pending.deadline - now),
+            )
             kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
             self._report(valid.model, admitted.version, "", kind, done - now)
             self._count_refused(err, admitted.series, admitted.ticket.priority)

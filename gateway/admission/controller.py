@@ -148,10 +148,14 @@ class AdmissionController:
         outcome: AdmissionOutcome,
         latency_s: float | None,
         now: float,
+        *,
+        queue_shed_budget_s: float | None = None,
     ) -> bool:
         """Release ``ticket``. Returns False (doing nothing) if it was already finished.
 
         ``latency_s`` is used only for SUCCESS (default: ``now - ticket.admitted_at``).
+        ``queue_shed_budget_s``, only for SHED: the request was shed because of the queue ahead
+        of it, with this much time to its deadline when admitted (limiter evidence).
         """
         if ticket._finished:
             return False
@@ -159,6 +163,8 @@ class AdmissionController:
         if outcome is AdmissionOutcome.SUCCESS:
             sample = now - ticket.admitted_at if latency_s is None else latency_s
             self._limiter.release(now, sample)
+        elif outcome is AdmissionOutcome.SHED:
+            self._limiter.release(now, None, queue_shed_budget_s=queue_shed_budget_s)
         else:
             self._limiter.release(now, None)
         if outcome is AdmissionOutcome.SHED:

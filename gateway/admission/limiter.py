@@ -28,6 +28,17 @@ below ``relief_ratio`` of the previous window) mean the latency level itself mov
 model version, a noisy neighbour — not that we built a queue; ``long`` is then re-based to
 ``short`` instead of cutting a healthy fleet down to the floor.
 
+The batcher's own refusals are evidence too. A request it sheds after admission because the
+queue ahead made it late (``queue_shed``) had a budget the un-queued fleet meets easily (at
+least ``queue_shed_budget`` x ``long``), so the queue, not the request, is at fault. When such
+sheds are at least ``queue_shed_share`` of a window's finished requests, the window is
+queueing whatever its latency says: the successes' latency is censored at the deadline (what
+would have been slower was shed), so it can sit level while the limit grows and the batcher
+sheds ever more. The cut is then at least the shed share, such a window is never a "futile"
+cut (the queue is provably ours) and ``long`` does not rise with it. A request that could not
+make its deadline on an idle fleet never counts, so a tenant sending impossible deadlines
+cannot cut the limit for everyone.
+
 Updating per window, not per completion, bounds growth to one ``sqrt(limit)`` step per window
 however many requests complete (the original grew per completion and never bound). The floor
 ``min_limit`` is its own setting: the headroom that probes for a higher limit is the
@@ -73,6 +84,10 @@ class GradientLimiterConfig:
     """Each healthy, busy window adds ``increase_gain x sqrt(limit)``."""
     default_latency_s: float = 0.1
     """Latency assumed for retry advice before any sample."""
+    queue_shed_share: float = 0.05
+    """Queue-caused sheds, as a share of a window's finished requests, that mean a queue."""
+    queue_shed_budget: float = 2.0
+    """A shed counts as queue-caused only if its budget was at least this many x ``long``."""
 
     def __post_init__(self) -> None:
         if not 1.0 <= self.min_limit <= self.initial_limit <= self.max_limit:
@@ -93,6 +108,10 @@ class GradientLimiterConfig:
             raise ValueError("increase_gain must be in (0, 4]")
         if not self.default_latency_s > 0.0:
             raise ValueError("default_latency_s must be positive")
+        if not 0.0 < self.queue_shed_share <= 1.0:
+            raise ValueError("queue_shed_share must be in (0, 1]")
+        if not (self.queue_shed_budget >= 1.0 and math.isfinite(self.queue_shed_budget)):
+            raise ValueError("queue_shed_budget must be finite and >= 1")
 
 
 class GradientLimiter:
@@ -114,6 +133,7 @@ class GradientLimiter:
         "_updates",
         "_window_count",
         "_window_max_inflight",
+        "_window_queue_sheds",
         "_window_start",
         "_window_sum",
     )
@@ -132,6 +152,7 @@ class GradientLimiter:
         self._window_sum = 0.0
         self._window_count = 0
         self._window_max_inflight = 0
+        self._window_queue_sheds = 0
 
     @property
     def config(self) -> GradientLimiterConfig:
@@ -178,15 +199,30 @@ class GradientLimiter:
         self._inflight += 1
         self._window_max_inflight = max(self._window_max_inflight, self._inflight)
 
-    def release(self, now: float, latency_s: float | None) -> None:
-        """One request left. Pass its latency only if it succeeded; None otherwise."""
+    def release(
+        self, now: float, latency_s: float | None, *, queue_shed_budget_s: float | None = None
+    ) -> None:
+        """One request left. Pass its latency only if it succeeded; None otherwise.
+
+        ``queue_shed_budget_s``: the request was shed after admission because of the queue
+        ahead of it (deadline unreachable or missed, a full queue, shed for goodput), and this
+        is the time it had left when admitted. It counts as evidence of a queue only if that
+        budget was ample (see the module docstring).
+        """
         if self._inflight <= 0:
             raise RuntimeError("release without a matching acquire")
         self._inflight -= 1
         if latency_s is not None and math.isfinite(latency_s) and latency_s > 0.0:
             self._window_sum += latency_s
             self._window_count += 1
+        elif queue_shed_budget_s is not None and self._ample(queue_shed_budget_s):
+            self._window_queue_sheds += 1
         self._roll(now)
+
+    def _ample(self, budget_s: float) -> bool:
+        """Would an un-queued fleet have met this budget with room to spare?"""
+        base = self._long if self._long is not None else self._config.default_latency_s
+        return math.isfinite(budget_s) and budget_s >= self._config.queue_shed_budget * base
 
     def _roll(self, now: float) -> None:
         cfg = self._config
@@ -195,19 +231,32 @@ class GradientLimiter:
         if self._window_count < cfg.min_window_samples:
             return  # not enough evidence yet: the window stays open
         elapsed = now - self._window_start
-        self._judge(self._window_sum / self._window_count, elapsed)
+        sheds = self._window_queue_sheds
+        self._judge(
+            self._window_sum / self._window_count,
+            elapsed,
+            sheds / (sheds + self._window_count),
+        )
         self._window_start = now
         self._window_sum = 0.0
         self._window_count = 0
+        self._window_queue_sheds = 0
         self._window_max_inflight = self._inflight
 
-    def _judge(self, short: float, elapsed: float) -> None:
+    def _judge(self, short: float, elapsed: float, shed_share: float = 0.0) -> None:
         cfg = self._config
         long = short if self._long is None else self._long
         limit = self._limit
         app_limited = self._window_max_inflight < limit / 2.0
         queueing = short > cfg.tolerance * long + cfg.queue_slack_s
-        if queueing and self._cut_before and short >= cfg.relief_ratio * self._prev_short:
+        shedding = shed_share >= cfg.queue_shed_share
+        gradient = long / (cfg.tolerance * short) if queueing else 1.0
+        if shedding:
+            # The batcher is refusing admitted work for the queue ahead of it: our queue.
+            queueing = True
+            gradient = min(gradient, 1.0 - shed_share)
+            self._futile_cuts = 0
+        elif queueing and self._cut_before and short >= cfg.relief_ratio * self._prev_short:
             # The last cut brought no relief: this latency is not our queue (a slower model,
             # a noisy neighbour). Accept it as the new normal instead of cutting to the floor.
             self._futile_cuts += 1
@@ -220,13 +269,15 @@ class GradientLimiter:
         if queueing:
             # A queue is forming. Cut to a little below where the long-run latency would
             # return if latency grows with concurrency, at most by min_gradient.
-            limit *= max(cfg.min_gradient, long / (cfg.tolerance * short))
+            limit *= max(cfg.min_gradient, gradient)
         elif not app_limited:
             limit += cfg.increase_gain * math.sqrt(limit)  # probe upward, sublinearly
         # else: the window never used half the limit, which is no evidence for more.
         self._limit = min(cfg.max_limit, max(cfg.min_limit, limit))
         if short <= long:
             self._long = short
+        elif shedding:
+            self._long = long  # queue latency, censored at the deadline: not the fleet's level
         else:
             w = math.exp(-elapsed / cfg.long_window_s)
             self._long = w * long + (1.0 - w) * short

@@ -3,6 +3,7 @@ convergence, the floor, and no latency samples from failed, shed or cancelled re
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 
@@ -163,6 +164,68 @@ def test_failed_shed_and_cancelled_requests_never_feed_latency() -> None:
     assert lim.latency_estimate() == short_before
 
 
+def drive_with_sheds(
+    limiter: GradientLimiter,
+    windows: int,
+    *,
+    latency: float,
+    sheds: int,
+    budget: float,
+    start: float,
+    successes: int = 40,
+) -> tuple[float, list[float]]:
+    """Keeps the limit full; per window ``successes`` answers at a flat ``latency`` (censored
+    at the deadline: the slower ones were shed) and ``sheds`` queue sheds with ``budget``."""
+    t = start
+    history = []
+    for _ in range(windows):
+        n = successes + sheds
+        for i in range(n):
+            t += limiter.config.window_s / n
+            while limiter.inflight < limiter.limit:
+                limiter.acquire(t)
+            if i % (n // sheds if sheds else n + 1) == 0 and sheds:
+                limiter.release(t, None, queue_shed_budget_s=budget)
+            else:
+                limiter.release(t, latency)
+        history.append(limiter.exact_limit)
+    return t, history
+
+
+def test_queue_sheds_cut_a_limit_whose_latency_sits_level() -> None:
+    # Successes at the same latency as ever (what would have been slower was shed), while the
+    # batcher sheds a fifth of the admitted work for the queue ahead: that is our queue.
+    lim = GradientLimiter(CFG, now=0.0)
+    t, history = drive(lim, 30, latency=0.05, demand=200)
+    before, long_before = history[-1], lim.long_latency_s
+    assert long_before is not None
+    _, after = drive_with_sheds(lim, 4, latency=0.05, sheds=10, budget=2.0, start=t)
+    # Cut by at least the shed share in every window wholly inside (the first straddles).
+    assert all(b <= 0.85 * a for a, b in itertools.pairwise(after))
+    assert after[-1] <= 0.85**3 * before
+    assert lim.long_latency_s == long_before
+    # The same windows without the sheds: the limit keeps growing.
+    lim = GradientLimiter(CFG, now=0.0)
+    t, history = drive(lim, 30, latency=0.05, demand=200)
+    _, level = drive_with_sheds(lim, 4, latency=0.05, sheds=0, budget=2.0, start=t)
+    assert level[-1] > history[-1]
+
+
+def test_queue_sheds_of_requests_short_of_time_or_rare_change_nothing() -> None:
+    def final(sheds: int, budget: float) -> float:
+        lim = GradientLimiter(CFG, now=0.0)
+        t, _ = drive(lim, 30, latency=0.05, demand=200)
+        _, history = drive_with_sheds(lim, 4, latency=0.05, sheds=sheds, budget=budget, start=t)
+        return history[-1]
+
+    healthy = final(0, 2.0)
+    # A budget an un-queued fleet would barely meet (< 2 x long): the request's own doing,
+    # so a tenant sending tight deadlines cannot cut everyone's limit.
+    assert final(10, 0.09) == healthy
+    # One shed in 41 (under the 5 % share): not a queue.
+    assert final(1, 2.0) == healthy
+
+
 def test_release_without_acquire_is_an_error() -> None:
     lim = GradientLimiter(CFG, now=0.0)
     with pytest.raises(RuntimeError):
@@ -174,6 +237,10 @@ def test_config_validation() -> None:
         GradientLimiterConfig(initial_limit=2, min_limit=4)
     with pytest.raises(ValueError):
         GradientLimiterConfig(tolerance=0.9)
+    with pytest.raises(ValueError, match="queue_shed_share"):
+        GradientLimiterConfig(queue_shed_share=0.0)
+    with pytest.raises(ValueError, match="queue_shed_budget"):
+        GradientLimiterConfig(queue_shed_budget=0.5)
 
 
 @settings(max_examples=60, deadline=None)

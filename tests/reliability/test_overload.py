@@ -166,6 +166,7 @@ class Overload:
     rss_kib: list[int]  # the gateway's VmRSS, once a second
     peak_kib: int  # its VmHWM at the end
     admitted: dict[str, float]  # gateway outcomes of requests past admission, in the run
+    limits: list[float]  # the gateway's adaptive concurrency limit, once a second
 
 
 @pytest.fixture(scope="module")
@@ -173,6 +174,7 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
     gateway = fleet.gateway
     rate = 2.0 * capacity_rps
     rss_kib: list[int] = []
+    limits: list[float] = []
     before = _gateway_outcomes(gateway)
     with (
         Load(
@@ -183,10 +185,11 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
         for second in range(1, int(OVERLOAD_S) + 1):
             load.sleep_until(float(second))
             rss_kib.append(memory_kib(gateway, "VmRSS"))
+            limits.append(sample(scrape(gateway), "halcyon_gateway_concurrency_limit"))
         result = load.result()
     after = _gateway_outcomes(gateway)
     admitted = {k: after[k] - before[k] for k in ADMITTED}
-    return Overload(rate, result, probe, rss_kib, memory_kib(gateway, "VmHWM"), admitted)
+    return Overload(rate, result, probe, rss_kib, memory_kib(gateway, "VmHWM"), admitted, limits)
 
 
 def test_overload_twice_capacity_for_60_s(
@@ -207,6 +210,9 @@ def test_overload_twice_capacity_for_60_s(
         f"{100 * result.report['on_time_rate']:.1f} % of all requests on time",
         f"gateway RSS: peak {overload.peak_kib / 1024:.0f} MiB, {growth_mib:+.1f} MiB over the "
         "second half (medians of the first and last 5 s of it)",
+        "gateway concurrency limit (once a second): "
+        f"{min(overload.limits):.0f} / {statistics.median(overload.limits):.0f} / "
+        f"{max(overload.limits):.0f} min / median / max",
         f"past admission {admitted:.0f}: "
         + ", ".join(f"{k} {v:.0f}" for k, v in overload.admitted.items() if v)
         + f" ({100 * ok_share:.1f} % answered OK)",
