@@ -30,8 +30,9 @@ model version, a noisy neighbour — not that we built a queue; ``long`` is then
 
 The batcher's own refusals are evidence too. A request it sheds after admission because the
 queue ahead made it late (``queue_shed``) had a budget the un-queued fleet meets easily (at
-least ``queue_shed_budget`` x ``long``), so the queue, not the request, is at fault. When such
-sheds are at least ``queue_shed_share`` of a window's finished requests, the window is
+least ``queue_shed_budget`` x the lowest window latency since the level last changed: not
+``long``, which creeps up under a lasting queue), so the queue, not the request, is at fault.
+When such sheds are at least ``queue_shed_share`` of a window's finished requests, the window is
 queueing whatever its latency says: the successes' latency is censored at the deadline (what
 would have been slower was shed), so it can sit level while the limit grows and the batcher
 sheds ever more. The cut is then at least the shed share, such a window is never a "futile"
@@ -124,6 +125,7 @@ class GradientLimiter:
     __slots__ = (
         "_config",
         "_cut_before",
+        "_floor",
         "_futile_cuts",
         "_inflight",
         "_limit",
@@ -146,6 +148,7 @@ class GradientLimiter:
         self._short: float | None = None
         self._updates = 0
         self._cut_before = False
+        self._floor: float | None = None
         self._futile_cuts = 0
         self._prev_short = 0.0
         self._window_start = now
@@ -221,7 +224,7 @@ class GradientLimiter:
 
     def _ample(self, budget_s: float) -> bool:
         """Would an un-queued fleet have met this budget with room to spare?"""
-        base = self._long if self._long is not None else self._config.default_latency_s
+        base = self._floor if self._floor is not None else self._config.default_latency_s
         return math.isfinite(budget_s) and budget_s >= self._config.queue_shed_budget * base
 
     def _roll(self, now: float) -> None:
@@ -262,6 +265,7 @@ class GradientLimiter:
             self._futile_cuts += 1
             if self._futile_cuts >= cfg.max_futile_cuts:
                 long = short
+                self._floor = short
                 queueing = False
                 self._futile_cuts = 0
         elif not queueing:
@@ -281,6 +285,7 @@ class GradientLimiter:
         else:
             w = math.exp(-elapsed / cfg.long_window_s)
             self._long = w * long + (1.0 - w) * short
+        self._floor = short if self._floor is None else min(self._floor, short)
         self._cut_before = queueing
         self._prev_short = short
         self._short = short

@@ -115,11 +115,13 @@ class Load:
         rate: float | None = None,
         deadline_ms: float = 2000.0,
         extra: tuple[str, ...] = (),
+        niceness: int = 0,
     ) -> None:
         self.gateway = gateway
         self.seconds = seconds
         self.stderr_path = workdir / f"{name}.loadtest.err"
         self.argv = [
+            *(("nice", "-n", str(niceness)) if niceness else ()),
             sys.executable, "-m", "halcyon", "loadtest", "--json",
             "--target", target,
             "--seconds", f"{seconds:g}",
