@@ -211,6 +211,18 @@ def test_queue_sheds_cut_a_limit_whose_latency_sits_level() -> None:
     assert level[-1] > history[-1]
 
 
+def test_queue_sheds_count_against_the_fleet_floor_not_a_crept_up_long() -> None:
+    # Under a lasting queue ``long`` creeps up towards the queue's latency (here 1.2 s, as
+    # measured live); a 2 s budget is still ample for a fleet whose windows were 50 ms.
+    lim = GradientLimiter(CFG, now=0.0)
+    t, _ = drive(lim, 30, latency=0.05, demand=200)
+    t, history = drive_with_sheds(lim, 1, latency=1.2, sheds=0, budget=2.0, start=t)
+    before = history[-1]  # the window the 50 ms samples straddled is judged and gone
+    lim._long = 1.2  # the creep, without the windows it takes
+    _, after = drive_with_sheds(lim, 4, latency=1.2, sheds=10, budget=2.0, start=t)
+    assert after[-1] <= 0.85**3 * before
+
+
 def test_queue_sheds_of_requests_short_of_time_or_rare_change_nothing() -> None:
     def final(sheds: int, budget: float) -> float:
         lim = GradientLimiter(CFG, now=0.0)
