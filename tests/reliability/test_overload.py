@@ -276,6 +276,10 @@ def test_clients_that_retry_at_once(
         extra=("--retry-immediately",),
         niceness=STORM_CLIENT_NICENESS,
     ) as load:
+        limits = []
+        for second in range(1, int(STORM_S) + 1):
+            load.sleep_until(float(second))
+            limits.append(sample(scrape(gateway), "halcyon_gateway_concurrency_limit"))
         storm = load.result()
     polite = overload.result
     row = storm.row(f"clients retry at once ({overload.rate:.0f} req/s)")
@@ -287,7 +291,9 @@ def test_clients_that_retry_at_once(
         f"{storm.report['attempts']:,} attempts for {storm.report['requests']:,} requests; "
         f"OK answers {served:.1f}/s against {polite_served:.1f}/s when the same arrivals do "
         f"not retry (the overload run); on time from the first attempt "
-        f"{100 * storm.report['on_time_rate']:.1f} %"
+        f"{100 * storm.report['on_time_rate']:.1f} %; gateway concurrency limit "
+        f"{min(limits):.0f} / {statistics.median(limits):.0f} / {max(limits):.0f} "
+        "min / median / max"
     )
     if served < 0.9 * polite_served:
         row.failures.append(
