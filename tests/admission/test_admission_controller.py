@@ -239,3 +239,28 @@ def test_quota_refund_is_once_and_reload_keeps_balances() -> None:
     assert refusal is not None and refusal.retry_after_s == pytest.approx(1.5)
     quotas.reload(TenantRegistry([]), 0.0)
     assert quotas.registry.get("acme") is None
+
+
+def test_a_shed_blamed_on_the_queue_reaches_the_limiter() -> None:
+    """``finish(..., queue_shed_budget_s=...)`` is limiter evidence; a plain shed is not."""
+
+    def limit_after(budget: float | None) -> int:
+        t = tenant("acme", Priority.STANDARD)
+        limiter = GradientLimiter(
+            GradientLimiterConfig(initial_limit=40, min_limit=4, max_limit=100), now=0.0
+        )
+        ac = controller(t, limiter=limiter)
+        now = 0.0
+        for _ in range(6):  # 20 offered a window; of those admitted, 1 in 5 shed for the queue
+            offered = [ac.admit(t, 10.0, now) for _ in range(20)]
+            tickets = [x for x in offered if isinstance(x, AdmissionTicket)]
+            for i, ticket in enumerate(tickets):
+                now += 0.05
+                if i % 5 == 0:
+                    ac.finish(ticket, AdmissionOutcome.SHED, None, now, queue_shed_budget_s=budget)
+                else:
+                    ac.finish(ticket, AdmissionOutcome.SUCCESS, 0.05, now)
+        return limiter.limit
+
+    assert limit_after(2.0) < 40
+    assert limit_after(None) >= 40
