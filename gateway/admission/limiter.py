@@ -246,7 +246,7 @@ class GradientLimiter:
         self._window_queue_sheds = 0
         self._window_max_inflight = self._inflight
 
-    def _judge(self, short: float, elapsed: float, shed_share: float = 0.0) -> None:
+    def _judge(self, short: float, elapsed: float, shed_share: float) -> None:
         cfg = self._config
         long = short if self._long is None else self._long
         limit = self._limit

@@ -154,6 +154,14 @@ class Probe:
                 self.retry_s.setdefault(label, []).append(rich.retry_after_s)
 
 
+def _concurrency_limit(gateway: Any) -> float:
+    return sample(scrape(gateway), "halcyon_gateway_concurrency_limit")
+
+
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.0f} / {statistics.median(values):.0f} / {max(values):.0f}"
+
+
 def _gateway_outcomes(gateway: Any) -> dict[str, float]:
     families = scrape(gateway)
     return {
@@ -191,7 +199,7 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
         for second in range(1, int(OVERLOAD_S) + 1):
             load.sleep_until(float(second))
             rss_kib.append(memory_kib(gateway, "VmRSS"))
-            limits.append(sample(scrape(gateway), "halcyon_gateway_concurrency_limit"))
+            limits.append(_concurrency_limit(gateway))
         result = load.result()
     after = _gateway_outcomes(gateway)
     admitted = {k: after[k] - before[k] for k in ADMITTED}
@@ -216,9 +224,7 @@ def test_overload_twice_capacity_for_60_s(
         f"{100 * result.report['on_time_rate']:.1f} % of all requests on time",
         f"gateway RSS: peak {overload.peak_kib / 1024:.0f} MiB, {growth_mib:+.1f} MiB over the "
         "second half (medians of the first and last 5 s of it)",
-        "gateway concurrency limit (once a second): "
-        f"{min(overload.limits):.0f} / {statistics.median(overload.limits):.0f} / "
-        f"{max(overload.limits):.0f} min / median / max",
+        f"gateway concurrency limit (once a second): {_spread(overload.limits)} min / median / max",
         f"past admission {admitted:.0f}: "
         + ", ".join(f"{k} {v:.0f}" for k, v in overload.admitted.items() if v)
         + f" ({100 * ok_share:.1f} % answered OK)",
@@ -279,7 +285,7 @@ def test_clients_that_retry_at_once(
         limits = []
         for second in range(1, int(STORM_S) + 1):
             load.sleep_until(float(second))
-            limits.append(sample(scrape(gateway), "halcyon_gateway_concurrency_limit"))
+            limits.append(_concurrency_limit(gateway))
         storm = load.result()
     polite = overload.result
     row = storm.row(f"clients retry at once ({overload.rate:.0f} req/s)")
@@ -292,8 +298,7 @@ def test_clients_that_retry_at_once(
         f"OK answers {served:.1f}/s against {polite_served:.1f}/s when the same arrivals do "
         f"not retry (the overload run); on time from the first attempt "
         f"{100 * storm.report['on_time_rate']:.1f} %; gateway concurrency limit "
-        f"{min(limits):.0f} / {statistics.median(limits):.0f} / {max(limits):.0f} "
-        "min / median / max"
+        f"{_spread(limits)} min / median / max"
     )
     if served < 0.9 * polite_served:
         row.failures.append(
