@@ -13,6 +13,7 @@ reason and recovery time. Beyond "no request lost", each asserts its own propert
 
 from __future__ import annotations
 
+import http.client
 import math
 import signal
 import time
@@ -239,7 +240,8 @@ def _arrivals_until_stop(gateway: Any, since: float, count: float) -> tuple[floa
     while gateway.alive:
         try:
             now_count = calls_started(gateway)
-        except OSError:  # /metrics closed: the server has stopped
+        # /metrics closed, or cut off mid-response (IncompleteRead): the server has stopped.
+        except (OSError, http.client.HTTPException):
             break
         if now_count > count:
             last_growth, count = time.monotonic() - since, now_count
