@@ -741,6 +741,9 @@ class GatewayApp:
     def _report_status(self) -> tuple[int, int, list[fleet_pb2.CostModel]]:
         limiter = self.admission.limiter
         self.metrics.concurrency_limit.set(limiter.limit)
+        if limiter.short_latency_s is not None and limiter.long_latency_s is not None:
+            self.metrics.limiter_short.set(limiter.short_latency_s)
+            self.metrics.limiter_long.set(limiter.long_latency_s)
         self.metrics.inflight.set(self._inflight)
         self.metrics.queued.set(sum(d.batcher.depth for d in self.dispatchers.values()))
         if self.link is not None:

@@ -339,6 +339,15 @@ class GatewayMetrics:
             "Current adaptive concurrency limit (gradient limiter).",
             registry=registry,
         )
+        limiter_latency = Gauge(
+            "halcyon_gateway_limiter_latency_seconds",
+            "The latencies the concurrency limit is judged on: the last judged window's mean "
+            "(short) and the un-queued level it is compared with (long).",
+            ["window"],
+            registry=registry,
+        )
+        self.limiter_short = limiter_latency.labels("short")
+        self.limiter_long = limiter_latency.labels("long")
         self.inflight = Gauge(
             "halcyon_gateway_inflight", "Admitted requests not yet answered.", registry=registry
         )

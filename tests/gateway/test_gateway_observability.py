@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from common.serving import SERVING_PATH_ENV, ServiceHost, ServingOptions
 from common.tracing import client_interceptors
+from gateway.admission import GradientLimiterConfig
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 
 FLEET = "gateway-test-fleet-token"  # as in conftest (its fixtures start the workers)
@@ -244,6 +245,35 @@ async def test_metrics_after_traffic(start_worker: Any, start_gateway: Any) -> N
         s.labels.get("grpc_method") == "Infer" and s.labels.get("grpc_code") == "OK"
         for s in handled
     )
+
+
+async def test_limiter_latencies_are_exported(start_worker: Any, start_gateway: Any) -> None:
+    # What an operator needs to read a low limit: the latencies it was judged on.
+    worker = await start_worker(replica_id="w-a")
+    every_answer = GradientLimiterConfig(
+        initial_limit=128.0, min_limit=32.0, window_s=1e-6, min_window_samples=1
+    )
+    gw = await start_gateway(metrics=True, limiter=every_answer)
+    gw.apply([worker])
+    for _ in range(3):
+        await asyncio.gather(*(gw.infer(text=f"p{i}") for i in range(8)))
+    limiter = gw.app.admission.limiter
+    assert limiter.updates > 0
+    url = f"http://127.0.0.1:{gw.app.host.metrics_port}/metrics"
+
+    def scrape() -> str:
+        return str(urllib.request.urlopen(url, timeout=5).read().decode())
+
+    # The scalar gauges are refreshed each status report and each scrape (after they are
+    # read): the second scrape shows the state as of the first.
+    await asyncio.to_thread(scrape)
+    families = {f.name: f for f in text_string_to_metric_families(await asyncio.to_thread(scrape))}
+    latency = {
+        s.labels["window"]: s.value
+        for s in families["halcyon_gateway_limiter_latency_seconds"].samples
+    }
+    assert latency == {"short": limiter.short_latency_s, "long": limiter.long_latency_s}
+    assert latency["short"] > 0.0 and latency["long"] > 0.0
 
 
 async def test_cost_model_learns_each_replica_separately(
