@@ -88,8 +88,11 @@ VERIFIED_GRPCIO: dict[str, str] = {
 _NO_DEADLINE = 1e15
 # Calls requested from the core ahead of arrival; it queues arrivals beyond these itself.
 _PREFETCH = 32
-# Events the loop takes in one go before letting its other callbacks run.
-_PUMP_BATCH = 256
+# Events the loop takes in one go before letting its other callbacks run (a worker's reply,
+# the next dispatch). A call is 3-4 events, so this is ~10 calls: under a flood of arrivals
+# (a retry storm: ~5,000 rejections a second) those callbacks wait ~5 ms per slice instead of
+# the ~40 ms that 256 events took, and the fleet's batches turn around that much sooner.
+_PUMP_BATCH = 32
 # At most one traceback per this many seconds for failed events (the rest are counted).
 _FAILURE_LOG_INTERVAL_S = 10.0
 

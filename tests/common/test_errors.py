@@ -236,6 +236,36 @@ def test_round_trip_through_grpc_aio_metadata(err: RichError) -> None:
     assert_same(parse_rpc_error(FakeCallError(err.code, err.message, trailers)), err)
 
 
+def _overloaded(**changes: Any) -> RichError:
+    fields: dict[str, Any] = {
+        "code": grpc.StatusCode.UNAVAILABLE,
+        "message": "busy",
+        "reason": "OVERLOADED",
+        "retry_after_s": 0.01,
+    }
+    return RichError(**{**fields, **changes})
+
+
+def test_remembered_trailers_are_each_errors_own() -> None:
+    # Trailers are remembered for errors with the same figures: never another error's, so
+    # errors that differ in any one field get their own.
+    errors = [
+        _overloaded(),
+        _overloaded(code=grpc.StatusCode.RESOURCE_EXHAUSTED),
+        _overloaded(message="busier"),
+        _overloaded(reason="QUEUE_FULL"),
+        _overloaded(retry_after_s=0.02),
+        _overloaded(retry_after_s=None),
+        _overloaded(metadata={"limit": "64"}),
+        _overloaded(metadata={"limit": "65"}),
+        _overloaded(domain="example.com"),
+        _overloaded(field_violations=[FieldViolation("model", "unknown")]),
+    ]
+    for err in errors + errors:
+        assert err.trailing_metadata() == err._build_trailers()
+    assert len({e.trailing_metadata() for e in errors}) == len(errors)
+
+
 def test_parse_tolerates_missing_or_broken_details() -> None:
     plain = parse_rpc_error(FakeCallError(grpc.StatusCode.INTERNAL, "boom", None))
     assert (plain.code, plain.message, plain.reason, plain.retry_after_s) == (
