@@ -90,6 +90,14 @@ class LoadResult:
     def goodput_rps(self) -> float:
         return float(self.report["goodput_rps"])
 
+    def serving_ok_rps(self) -> float:
+        """OK answers per second while the load ran: the timeline's full seconds after the
+        first (the queue filling), not the drain after it. The report's ``success_rps`` counts
+        over the run's wall time, drain included, which weighs a short run down more than a
+        long one."""
+        steady = [w.ok for w in self.windows() if w.start_s >= 1.0]
+        return sum(steady) / len(steady) if steady else 0.0
+
     @property
     def p50_ms(self) -> float:
         value = float(self.report["p50_ms"])

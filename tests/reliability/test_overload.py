@@ -30,7 +30,7 @@ from typing import Any
 
 import grpc
 import pytest
-from reliability_fleet import API_KEY, MODEL, memory_kib, sample, scrape
+from reliability_fleet import API_KEY, MODEL, cpu_seconds, memory_kib, sample, scrape
 from reliability_load import Load, LoadResult, outcome_key
 from reliability_table import Row, is_answer, sheds_by_reason
 
@@ -154,8 +154,31 @@ class Probe:
                 self.retry_s.setdefault(label, []).append(rich.retry_after_s)
 
 
-def _concurrency_limit(gateway: Any) -> float:
-    return sample(scrape(gateway), "halcyon_gateway_concurrency_limit")
+@dataclass
+class LimiterTrace:
+    """The gateway's limiter, read once a second: its limit and the latencies it judged."""
+
+    limits: list[float]
+    short_ms: list[float]
+    long_ms: list[float]
+
+    @classmethod
+    def empty(cls) -> LimiterTrace:
+        return cls([], [], [])
+
+    def read(self, gateway: Any) -> None:
+        families = scrape(gateway)
+        self.limits.append(sample(families, "halcyon_gateway_concurrency_limit"))
+        latency = "halcyon_gateway_limiter_latency_seconds"
+        self.short_ms.append(1000 * sample(families, latency, window="short"))
+        self.long_ms.append(1000 * sample(families, latency, window="long"))
+
+    def __str__(self) -> str:
+        return (
+            f"gateway concurrency limit {_spread(self.limits)}, the limiter's short latency "
+            f"{_spread(self.short_ms)} ms, long {_spread(self.long_ms)} ms (min / median / max, "
+            "once a second)"
+        )
 
 
 def _spread(values: list[float]) -> str:
@@ -180,7 +203,8 @@ class Overload:
     rss_kib: list[int]  # the gateway's VmRSS, once a second
     peak_kib: int  # its VmHWM at the end
     admitted: dict[str, float]  # gateway outcomes of requests past admission, in the run
-    limits: list[float]  # the gateway's adaptive concurrency limit, once a second
+    limiter: LimiterTrace
+    cpu_cores: float  # the gateway's CPU time over the run's wall time
 
 
 @pytest.fixture(scope="module")
@@ -188,7 +212,7 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
     gateway = fleet.gateway
     rate = 2.0 * capacity_rps
     rss_kib: list[int] = []
-    limits: list[float] = []
+    limiter = LimiterTrace.empty()
     before = _gateway_outcomes(gateway)
     with (
         Load(
@@ -196,14 +220,17 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
         ) as load,
         Probe(fleet) as probe,
     ):
+        cpu_before = cpu_seconds(gateway)
         for second in range(1, int(OVERLOAD_S) + 1):
             load.sleep_until(float(second))
             rss_kib.append(memory_kib(gateway, "VmRSS"))
-            limits.append(_concurrency_limit(gateway))
+            limiter.read(gateway)
+        cpu_cores = (cpu_seconds(gateway) - cpu_before) / OVERLOAD_S
         result = load.result()
     after = _gateway_outcomes(gateway)
     admitted = {k: after[k] - before[k] for k in ADMITTED}
-    return Overload(rate, result, probe, rss_kib, memory_kib(gateway, "VmHWM"), admitted, limits)
+    peak_kib = memory_kib(gateway, "VmHWM")
+    return Overload(rate, result, probe, rss_kib, peak_kib, admitted, limiter, cpu_cores)
 
 
 def test_overload_twice_capacity_for_60_s(
@@ -224,7 +251,7 @@ def test_overload_twice_capacity_for_60_s(
         f"{100 * result.report['on_time_rate']:.1f} % of all requests on time",
         f"gateway RSS: peak {overload.peak_kib / 1024:.0f} MiB, {growth_mib:+.1f} MiB over the "
         "second half (medians of the first and last 5 s of it)",
-        f"gateway concurrency limit (once a second): {_spread(overload.limits)} min / median / max",
+        f"{overload.limiter}; gateway CPU {overload.cpu_cores:.2f} cores",
         f"past admission {admitted:.0f}: "
         + ", ".join(f"{k} {v:.0f}" for k, v in overload.admitted.items() if v)
         + f" ({100 * ok_share:.1f} % answered OK)",
@@ -282,23 +309,26 @@ def test_clients_that_retry_at_once(
         extra=("--retry-immediately",),
         niceness=STORM_CLIENT_NICENESS,
     ) as load:
-        limits = []
+        limiter = LimiterTrace.empty()
+        cpu_before = cpu_seconds(gateway)
         for second in range(1, int(STORM_S) + 1):
             load.sleep_until(float(second))
-            limits.append(_concurrency_limit(gateway))
+            limiter.read(gateway)
+        cpu_cores = (cpu_seconds(gateway) - cpu_before) / STORM_S
         storm = load.result()
     polite = overload.result
     row = storm.row(f"clients retry at once ({overload.rate:.0f} req/s)")
     # Each attempt carries a fresh 2 s deadline, so an OK answer is on time for the attempt the
     # server saw; "goodput" in the table counts from a request's first attempt, which no server
     # can know about. The server's goodput is its OK answers per second.
-    served, polite_served = storm.report["success_rps"], polite.report["success_rps"]
+    served, polite_served = storm.serving_ok_rps(), polite.serving_ok_rps()
     row.notes.append(
         f"{storm.report['attempts']:,} attempts for {storm.report['requests']:,} requests; "
         f"OK answers {served:.1f}/s against {polite_served:.1f}/s when the same arrivals do "
-        f"not retry (the overload run); on time from the first attempt "
-        f"{100 * storm.report['on_time_rate']:.1f} %; gateway concurrency limit "
-        f"{_spread(limits)} min / median / max"
+        f"not retry (the overload run; each over its load's full seconds after the first); "
+        "on time from the first attempt "
+        f"{100 * storm.report['on_time_rate']:.1f} %; {limiter}; gateway CPU "
+        f"{cpu_cores:.2f} cores"
     )
     if served < 0.9 * polite_served:
         row.failures.append(
