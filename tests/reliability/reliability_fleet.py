@@ -3,14 +3,13 @@
 The launcher (``Launcher``, ``Fleet``, ``Proc``: real ``halcyon`` processes on 127.0.0.1 with
 ready files, logs and guaranteed teardown) lives in ``tests/e2e/conftest.py``; it is loaded
 here from its file, once, so both suites start processes the same way and this suite does not
-carry a copy. On top of it: restarting a killed worker, reading a process's memory and CPU
-time, and waiting until a worker is in the middle of a batch.
+carry a copy. On top of it: restarting a killed worker, reading a process's memory, and
+waiting until a worker is in the middle of a batch.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -57,13 +56,6 @@ def memory_kib(proc: Any, field: str) -> int:
         if line.startswith(f"{field}:"):
             return int(line.split()[1])
     raise AssertionError(f"no {field} in /proc/{proc.pid}/status")
-
-
-def cpu_seconds(proc: Any) -> float:
-    """The CPU time (user + system) the process has used so far, from /proc/PID/stat."""
-    stat = Path(f"/proc/{proc.pid}/stat").read_text()
-    fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (comm) "; comm may hold spaces
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def busy_slots(worker: Any) -> float:

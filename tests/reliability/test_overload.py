@@ -25,12 +25,12 @@ import statistics
 import threading
 import time
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
 import pytest
-from reliability_fleet import API_KEY, MODEL, cpu_seconds, memory_kib, sample, scrape
+from reliability_fleet import API_KEY, MODEL, memory_kib, sample, scrape
 from reliability_load import Load, LoadResult, outcome_key
 from reliability_table import Row, is_answer, sheds_by_reason
 
@@ -155,16 +155,14 @@ class Probe:
 
 
 @dataclass
-class LimiterTrace:
-    """The gateway's limiter, read once a second: its limit and the latencies it judged."""
+class GatewayTrace:
+    """The gateway's /metrics, read once a second: its limit, the latencies the limiter judged,
+    and the CPU time it had used (its own ``process_cpu_seconds_total``)."""
 
-    limits: list[float]
-    short_ms: list[float]
-    long_ms: list[float]
-
-    @classmethod
-    def empty(cls) -> LimiterTrace:
-        return cls([], [], [])
+    limits: list[float] = field(default_factory=list)
+    short_ms: list[float] = field(default_factory=list)
+    long_ms: list[float] = field(default_factory=list)
+    cpu_s: list[float] = field(default_factory=list)
 
     def read(self, gateway: Any) -> None:
         families = scrape(gateway)
@@ -172,12 +170,18 @@ class LimiterTrace:
         latency = "halcyon_gateway_limiter_latency_seconds"
         self.short_ms.append(1000 * sample(families, latency, window="short"))
         self.long_ms.append(1000 * sample(families, latency, window="long"))
+        self.cpu_s.append(sample(families, "process_cpu_seconds_total"))
+
+    @property
+    def cpu_cores(self) -> float:
+        """CPU time over wall time between the first and the last reading."""
+        return (self.cpu_s[-1] - self.cpu_s[0]) / max(1, len(self.cpu_s) - 1)
 
     def __str__(self) -> str:
         return (
             f"gateway concurrency limit {_spread(self.limits)}, the limiter's short latency "
             f"{_spread(self.short_ms)} ms, long {_spread(self.long_ms)} ms (min / median / max, "
-            "once a second)"
+            f"once a second); gateway CPU {self.cpu_cores:.2f} cores"
         )
 
 
@@ -203,8 +207,7 @@ class Overload:
     rss_kib: list[int]  # the gateway's VmRSS, once a second
     peak_kib: int  # its VmHWM at the end
     admitted: dict[str, float]  # gateway outcomes of requests past admission, in the run
-    limiter: LimiterTrace
-    cpu_cores: float  # the gateway's CPU time over the run's wall time
+    trace: GatewayTrace  # the gateway's limit, limiter latencies and CPU, once a second
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +215,7 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
     gateway = fleet.gateway
     rate = 2.0 * capacity_rps
     rss_kib: list[int] = []
-    limiter = LimiterTrace.empty()
+    trace = GatewayTrace()
     before = _gateway_outcomes(gateway)
     with (
         Load(
@@ -220,17 +223,15 @@ def overload(launcher: Any, fleet: Any, capacity_rps: float) -> Overload:
         ) as load,
         Probe(fleet) as probe,
     ):
-        cpu_before = cpu_seconds(gateway)
         for second in range(1, int(OVERLOAD_S) + 1):
             load.sleep_until(float(second))
             rss_kib.append(memory_kib(gateway, "VmRSS"))
-            limiter.read(gateway)
-        cpu_cores = (cpu_seconds(gateway) - cpu_before) / OVERLOAD_S
+            trace.read(gateway)
         result = load.result()
     after = _gateway_outcomes(gateway)
     admitted = {k: after[k] - before[k] for k in ADMITTED}
     peak_kib = memory_kib(gateway, "VmHWM")
-    return Overload(rate, result, probe, rss_kib, peak_kib, admitted, limiter, cpu_cores)
+    return Overload(rate, result, probe, rss_kib, peak_kib, admitted, trace)
 
 
 def test_overload_twice_capacity_for_60_s(
@@ -251,7 +252,7 @@ def test_overload_twice_capacity_for_60_s(
         f"{100 * result.report['on_time_rate']:.1f} % of all requests on time",
         f"gateway RSS: peak {overload.peak_kib / 1024:.0f} MiB, {growth_mib:+.1f} MiB over the "
         "second half (medians of the first and last 5 s of it)",
-        f"{overload.limiter}; gateway CPU {overload.cpu_cores:.2f} cores",
+        str(overload.trace),
         f"past admission {admitted:.0f}: "
         + ", ".join(f"{k} {v:.0f}" for k, v in overload.admitted.items() if v)
         + f" ({100 * ok_share:.1f} % answered OK)",
@@ -309,12 +310,10 @@ def test_clients_that_retry_at_once(
         extra=("--retry-immediately",),
         niceness=STORM_CLIENT_NICENESS,
     ) as load:
-        limiter = LimiterTrace.empty()
-        cpu_before = cpu_seconds(gateway)
+        trace = GatewayTrace()
         for second in range(1, int(STORM_S) + 1):
             load.sleep_until(float(second))
-            limiter.read(gateway)
-        cpu_cores = (cpu_seconds(gateway) - cpu_before) / STORM_S
+            trace.read(gateway)
         storm = load.result()
     polite = overload.result
     row = storm.row(f"clients retry at once ({overload.rate:.0f} req/s)")
@@ -327,8 +326,7 @@ def test_clients_that_retry_at_once(
         f"OK answers {served:.1f}/s against {polite_served:.1f}/s when the same arrivals do "
         f"not retry (the overload run; each over its load's full seconds after the first); "
         "on time from the first attempt "
-        f"{100 * storm.report['on_time_rate']:.1f} %; {limiter}; gateway CPU "
-        f"{cpu_cores:.2f} cores"
+        f"{100 * storm.report['on_time_rate']:.1f} %; {trace}"
     )
     if served < 0.9 * polite_served:
         row.failures.append(
