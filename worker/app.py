@@ -42,7 +42,8 @@ from worker.faults import FaultInjector
 from worker.metrics import WorkerMetrics
 from worker.registration import ControllerSession
 from worker.replica import DrainResult, Replica, ReplicaShuttingDown
-from worker.runtime import ModelRuntime, SimulatedDevice
+from worker.runtime import ModelRuntime
+from worker.runtimes import OipOptions, OnnxOptions, RuntimeKind, SimulatedOptions, build_runtime
 from worker.servicer import EXECUTE_BATCH_METHOD, SERVICE_NAME, RawExecuteBatch, WorkerService
 from worker.slots import SlotTable
 
@@ -81,6 +82,9 @@ class WorkerConfig:
     fail_fast_ms: float = 2.0
     slowdown: float = 1.0
     hang_rate: float = 0.0
+    runtime: RuntimeKind = RuntimeKind.SIMULATED
+    onnx: OnnxOptions | None = None
+    oip: OipOptions | None = None
     reconnect: Backoff = field(default_factory=Backoff)
     serving: ServingOptions = field(default_factory=ServingOptions)
 
@@ -114,12 +118,17 @@ class WorkerApp:
         self.runtime: ModelRuntime = (
             runtime
             if runtime is not None
-            else SimulatedDevice(
-                intercept_ms=config.intercept_ms,
-                ms_per_token=config.ms_per_token,
-                speed=config.speed,
-                jitter=config.jitter,
-                seed=config.seed,
+            else build_runtime(
+                config.runtime,
+                simulated=SimulatedOptions(
+                    intercept_ms=config.intercept_ms,
+                    ms_per_token=config.ms_per_token,
+                    speed=config.speed,
+                    jitter=config.jitter,
+                    seed=config.seed,
+                ),
+                onnx=config.onnx,
+                oip=config.oip,
                 clock=self._clock,
                 faults=self.faults if self.faults.active else None,
             )
@@ -167,6 +176,9 @@ class WorkerApp:
         return format_hostport(host, port)
 
     async def start(self) -> None:
+        # The model first: a model that cannot serve fails the start (RuntimeStartError)
+        # before any port is bound or the controller hears of this replica.
+        await self.runtime.start()
         await self.host.start()
         cfg = self.config
         self.identity = ReplicaIdentity(
@@ -188,6 +200,7 @@ class WorkerApp:
                 "version": cfg.version,
                 "slots": cfg.slots,
                 "speed": cfg.speed,
+                "runtime": self.runtime.kind,
                 "faults": self.faults.active,
             },
         )
@@ -262,6 +275,7 @@ class WorkerApp:
         if self.session is not None:
             await self.session.close()
         await self.host.stop()
+        await self.runtime.close()
 
     async def run_until_signal(self, after_start: Callable[[], None] | None = None) -> None:
         """Start, serve until SIGTERM/SIGINT, then drain within the grace and stop."""
@@ -273,6 +287,7 @@ class WorkerApp:
         )
         if self.session is not None:
             await self.session.close()
+        await self.runtime.close()
 
     async def _drain_for_shutdown(self, grace_s: float) -> None:
         self._shutting_down = True

@@ -1,4 +1,5 @@
-"""``halcyon worker``: run one model replica on a simulated device.
+"""``halcyon worker``: run one model replica on a simulated device, ONNX Runtime, or a
+remote Open Inference Protocol backend.
 
 What it decides: the command-line surface of a worker (flags, defaults, help) and the
 process lifecycle around :class:`~worker.app.WorkerApp`: JSON logs, tracing, serve until
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+from pathlib import Path
 
 from common.argtypes import hostport, non_negative, positive, probability
 from common.backoff import Backoff
@@ -26,6 +28,8 @@ from common.serving import (
 from common.thread_scheduling import add_helper_threads_argument, tune_threads
 from common.tracing import configure_tracing
 from worker.app import WorkerApp, WorkerConfig
+from worker.runtime import RuntimeStartError
+from worker.runtimes import OipOptions, OnnxOptions, RuntimeKind
 
 __all__ = ["configure", "run"]
 
@@ -38,8 +42,14 @@ examples:
       --fleet-token-file /run/secrets/fleet \\
       --replica-id straggler --speed 0.6 --controller 127.0.0.1:50050
   halcyon worker --dev-mode --version v2 --fail-rate 0.2 --controller 127.0.0.1:50050  # bad canary
+  halcyon model generate --out model.onnx        # a small byte-level decoder, seeded
+  halcyon worker --dev-mode --runtime onnx --model-file model.onnx --threads 2 \
+      --controller 127.0.0.1:50050
+  halcyon worker --dev-mode --runtime oip --backend 127.0.0.1:8081 --backend-model decoder \
+      --controller 127.0.0.1:50050                  # Triton, KServe, MLServer, OVMS
 
-The device time of a batch is (intercept-ms + ms-per-token * tokens) / speed * (1 +/- jitter),
+On the simulated device (the default runtime) a batch takes
+(intercept-ms + ms-per-token * tokens) / speed * (1 +/- jitter),
 where tokens = sum(input_tokens + max_output_tokens) over its items. All slots busy is
 answered at once with RESOURCE_EXHAUSTED / REPLICA_BUSY and a computed retry delay.
 """
@@ -70,6 +80,60 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=_slots,
         default=1,
         help="batches executed concurrently; more are refused as busy (default %(default)s)",
+    )
+    runtime = parser.add_argument_group("model runtime")
+    runtime.add_argument(
+        "--runtime",
+        choices=[k.value for k in RuntimeKind],
+        default=RuntimeKind.SIMULATED.value,
+        help="what executes a batch: the calibrated simulated device, an ONNX model in this "
+        "process, or a remote Open Inference Protocol server (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--model-file",
+        metavar="PATH.onnx",
+        help="--runtime onnx: the ONNX model (see the README's model contract); "
+        "'halcyon model generate' makes one",
+    )
+    runtime.add_argument(
+        "--threads",
+        type=_slots,
+        default=1,
+        metavar="N",
+        help="--runtime onnx: ONNX Runtime intra-op threads (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--backend",
+        type=hostport,
+        metavar="HOST:PORT",
+        help="--runtime oip: the backend's KServe v2 gRPC (GRPCInferenceService) address",
+    )
+    runtime.add_argument(
+        "--backend-model", metavar="NAME", help="--runtime oip: the model name on the backend"
+    )
+    runtime.add_argument(
+        "--backend-model-version",
+        default="",
+        metavar="VERSION",
+        help="--runtime oip: the model version on the backend (default: the backend's choice)",
+    )
+    runtime.add_argument(
+        "--input-tensor",
+        default="text_input",
+        metavar="NAME",
+        help="--runtime oip: BYTES input holding each prompt (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--max-tokens-tensor",
+        default="max_tokens",
+        metavar="NAME",
+        help="--runtime oip: INT32 input holding each max output tokens (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--output-tensor",
+        default="text_output",
+        metavar="NAME",
+        help="--runtime oip: BYTES output holding each generated text (default %(default)s)",
     )
     device = parser.add_argument_group("simulated device")
     device.add_argument(
@@ -161,8 +225,47 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add_helper_threads_argument(parser, default="normal")
 
 
+class RuntimeFlagError(Exception):
+    """The runtime flags do not describe a runtime (a missing --model-file, --backend ...)."""
+
+
+def _runtime_options(
+    args: argparse.Namespace,
+) -> tuple[RuntimeKind, OnnxOptions | None, OipOptions | None]:
+    kind = RuntimeKind(args.runtime)
+    onnx: OnnxOptions | None = None
+    oip: OipOptions | None = None
+    if kind is RuntimeKind.ONNX:
+        model_file = args.model_file
+        if model_file is None and str(args.model).endswith(".onnx"):
+            # `--runtime onnx --model PATH.onnx`: the file, served under its stem's name.
+            model_file = args.model
+            args.model = Path(model_file).stem
+        if model_file is None:
+            raise RuntimeFlagError(
+                "--runtime onnx needs --model-file PATH.onnx ('halcyon model generate' makes one)"
+            )
+        onnx = OnnxOptions(model_file=model_file, threads=args.threads)
+    elif kind is RuntimeKind.OIP:
+        if not args.backend or not args.backend_model:
+            raise RuntimeFlagError(
+                "--runtime oip needs --backend HOST:PORT and --backend-model NAME"
+            )
+        oip = OipOptions(
+            backend=args.backend,
+            backend_model=args.backend_model,
+            backend_version=args.backend_model_version,
+            input_name=args.input_tensor,
+            max_tokens_name=args.max_tokens_tensor,
+            output_name=args.output_tensor,
+        )
+    return kind, onnx, oip
+
+
 def config_from_args(args: argparse.Namespace) -> WorkerConfig:
-    """The :class:`WorkerConfig` the parsed flags describe (raises CredentialError)."""
+    """The :class:`WorkerConfig` the parsed flags describe (raises CredentialError,
+    RuntimeFlagError)."""
+    kind, onnx, oip = _runtime_options(args)
     credentials = load_credentials(
         args, fleet_required=True, operator_required=False, listen=args.listen
     )
@@ -188,6 +291,9 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         fail_fast_ms=args.fail_fast_ms,
         slowdown=args.slowdown,
         hang_rate=args.hang_rate,
+        runtime=kind,
+        onnx=onnx,
+        oip=oip,
         reconnect=Backoff(initial_s=min(0.2, args.reconnect_max_s), max_s=args.reconnect_max_s),
         serving=serving,
     )
@@ -199,7 +305,7 @@ def run(args: argparse.Namespace) -> int:
     configure_tracing("worker")
     try:
         config = config_from_args(args)
-    except CredentialError as exc:
+    except (CredentialError, RuntimeFlagError) as exc:
         _log.error(str(exc))
         return 2
 
@@ -215,6 +321,9 @@ def run(args: argparse.Namespace) -> int:
         asyncio.run(main())
     except ServingFailed:
         return 1  # logged when the completion-queue path failed
+    except RuntimeStartError as exc:
+        _log.error("the model runtime cannot serve", extra={"error": str(exc)})
+        return 2
     except OSError as exc:
         _log.error("worker failed to start", extra={"error": _start_error(exc)})
         return 1

@@ -4,6 +4,7 @@ What it decides: the status, reason and retry advice for each way a batch can fa
 
 * all slots busy      -> RESOURCE_EXHAUSTED / REPLICA_BUSY + RetryInfo (predicted free time):
                          backpressure, not a fault — the gateway retries elsewhere;
+* backend overloaded  -> the same REPLICA_BUSY, with the backend's message and retry delay;
 * draining            -> UNAVAILABLE / REPLICA_DRAINING (no retry advice: not this replica);
 * device failure      -> INTERNAL / DEVICE_FAULT;
 * other model/version -> FAILED_PRECONDITION / WRONG_MODEL (stale fleet view; route elsewhere);
@@ -21,12 +22,13 @@ from common.errors import Reason, RichError, unavailable
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome
 from worker.replica import ReplicaDraining
-from worker.runtime import DeviceFault
+from worker.runtime import DeviceFault, RuntimeBusy
 from worker.slots import SlotsBusy
 
 __all__ = [
     "DEVICE_FAULT",
     "WRONG_MODEL",
+    "backend_busy",
     "device_fault",
     "replica_busy",
     "replica_draining",
@@ -45,6 +47,16 @@ def replica_busy(busy: SlotsBusy) -> RichError:
         str(busy),
         reason=Reason.REPLICA_BUSY,
         metadata={"busy_slots": str(busy.busy), "slots": str(busy.capacity)},
+        retry_after_s=busy.retry_after_s,
+    )
+
+
+def backend_busy(busy: RuntimeBusy) -> RichError:
+    return RichError(
+        grpc.StatusCode.RESOURCE_EXHAUSTED,
+        str(busy),
+        reason=Reason.REPLICA_BUSY,
+        metadata={"source": "backend"},
         retry_after_s=busy.retry_after_s,
     )
 
@@ -79,6 +91,8 @@ def to_rich_error(exc: Exception) -> tuple[RichError, BatchOutcome]:
     """The error to send and the outcome to count for an ExecuteBatch failure."""
     if isinstance(exc, SlotsBusy):
         return replica_busy(exc), BatchOutcome.BUSY
+    if isinstance(exc, RuntimeBusy):
+        return backend_busy(exc), BatchOutcome.BUSY
     if isinstance(exc, ReplicaDraining):
         outcome = BatchOutcome.DRAINED if exc.cut_off else BatchOutcome.DRAINING
         return replica_draining(str(exc)), outcome

@@ -29,7 +29,9 @@ __all__ = [
     "DeviceFault",
     "ItemOutput",
     "ModelRuntime",
+    "RuntimeBusy",
     "RuntimeResult",
+    "RuntimeStartError",
     "SimulatedDevice",
     "WorkItem",
     "batch_tokens",
@@ -48,7 +50,25 @@ _VOCABULARY = (
 
 
 class DeviceFault(Exception):
-    """The device failed the batch (a real runtime error, or an injected fault)."""
+    """The device failed the batch (a real runtime error, or an injected fault).
+
+    The message is kept in the typed status the gateway sees, so a backend's own words
+    (an ONNX Runtime error, a remote server's status message) reach the operator."""
+
+
+class RuntimeBusy(Exception):
+    """The runtime refused the batch as overloaded (a remote backend's RESOURCE_EXHAUSTED or
+    UNAVAILABLE): backpressure, answered as REPLICA_BUSY — never a fault for the breaker."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class RuntimeStartError(Exception):
+    """The runtime cannot serve at all (bad model file, wrong tensor names, backend model
+    missing): the worker exits at start with this one-line message, never at the first
+    request."""
 
 
 @dataclass(frozen=True)
@@ -81,14 +101,35 @@ class RuntimeResult:
 
 
 class ModelRuntime(Protocol):
-    """What the worker needs from a model runtime."""
+    """What the worker needs from a model runtime.
+
+    ``kind`` names it for operators (``simulated``, ``onnx``, ``oip``). ``start`` loads or
+    connects and checks the model contract (raises :class:`RuntimeStartError`); ``ready``
+    says whether it can take a batch now (a remote backend's readiness; always True
+    in-process); ``close`` releases what ``start`` took.
+    """
+
+    kind: str
+
+    async def start(self) -> None:
+        """Load, connect, check the contract; raises :class:`RuntimeStartError`."""
+        ...
+
+    def ready(self) -> bool:
+        """Whether a batch sent now can run (False: the backend is away)."""
+        ...
+
+    async def close(self) -> None:
+        """Release the model, threads and connections."""
+        ...
 
     def estimate_s(self, batch_tokens: int) -> float:
         """Predicted device time of a batch of ``batch_tokens`` work tokens (no jitter)."""
         ...
 
     async def execute(self, items: Sequence[WorkItem]) -> RuntimeResult:
-        """Run the batch; raises :class:`DeviceFault` on failure; cancellable at any await."""
+        """Run the batch; raises :class:`DeviceFault` on failure, :class:`RuntimeBusy` when
+        the backend refuses it as overloaded; cancellable at any await."""
         ...
 
 
@@ -119,6 +160,8 @@ def _never() -> Awaitable[None]:
 class SimulatedDevice:
     """A calibrated simulated accelerator (see the module docstring for the cost model)."""
 
+    kind = "simulated"
+
     def __init__(
         self,
         *,
@@ -146,6 +189,15 @@ class SimulatedDevice:
         self._clock: Clock = clock if clock is not None else MonotonicClock()
         self._sleep = sleep
         self._faults = faults
+
+    async def start(self) -> None:
+        return None
+
+    def ready(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        return None
 
     def estimate_s(self, batch_tokens: int) -> float:
         return (self.intercept_ms + self.ms_per_token * batch_tokens) / self.speed / 1000.0
