@@ -7,6 +7,11 @@ STAMP := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
 TYPED := common gateway worker controller bench halcyon scripts
+# KServe's model server, the OIP tests' real backend: its own virtualenv (kserve pins protobuf
+# 6, which .venv's stubs cannot share). The stamp names the version, so a bump reinstalls.
+KSERVE_VERSION := 0.21.0
+KSERVE_VENV := .tools/kserve
+KSERVE_STAMP := $(KSERVE_VENV)/.installed-$(KSERVE_VERSION)
 
 .DEFAULT_GOAL := help
 
@@ -21,6 +26,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@touch $(STAMP)
 
 venv: $(STAMP) ## Create .venv and install Halcyon with its dev tools
+
+$(KSERVE_STAMP):
+	@test -x $(KSERVE_VENV)/bin/python || $(PYTHON) -m venv $(KSERVE_VENV)
+	$(KSERVE_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(KSERVE_VENV)/bin/python -m pip install --quiet 'kserve==$(KSERVE_VERSION)' onnxruntime numpy
+	@touch $@
+
+tools-kserve: $(KSERVE_STAMP) ## KServe's model server in .tools/kserve (the OIP tests' backend)
 
 $(BUF):
 	npm install --silent --no-audit --no-fund --prefix .tools @bufbuild/buf@$(BUF_VERSION)
@@ -38,7 +51,7 @@ fmt: $(STAMP) ## Format and autofix with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
+test: lint $(KSERVE_STAMP) ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
 	$(VENV)/bin/pytest -q
 	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
 	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q -m 'not e2e' tests/serving tests/gateway tests/worker
@@ -59,4 +72,4 @@ loadtest: $(STAMP) ## 32 clients x 20 s against a running stack
 clean: ## Remove the virtualenv and caches
 	rm -rf $(VENV) .tools .pytest_cache .mypy_cache .ruff_cache
 
-.PHONY: help venv proto lint fmt test test-reliability stack bench loadtest clean
+.PHONY: help venv tools-kserve proto lint fmt test test-reliability stack bench loadtest clean

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common import keepalive
+
 __all__ = ["CONTROLLER_RECONNECT_MAX_S", "Backoff", "controller_channel_options"]
 
 # Longest wait between two connection attempts to an unreachable controller.
@@ -25,10 +27,13 @@ CONTROLLER_RECONNECT_MAX_S = 1.0
 def controller_channel_options() -> list[tuple[str, int]]:
     """gRPC channel options for a channel to the controller: connection attempts start after
     100 ms and back off to at most ``CONTROLLER_RECONNECT_MAX_S`` (gRPC's default is 120 s).
-    A refused TCP connection costs next to nothing, so trying every second is cheap."""
+    A refused TCP connection costs next to nothing, so trying every second is cheap. Plus the
+    fleet's keepalive (:mod:`common.keepalive`): a controller that vanished without closing
+    its connections is noticed within a ping interval, not when the stream is next used."""
     return [
         ("grpc.initial_reconnect_backoff_ms", 100),
         ("grpc.max_reconnect_backoff_ms", int(CONTROLLER_RECONNECT_MAX_S * 1000)),
+        *keepalive.client_options(),
     ]
 
 

@@ -78,6 +78,9 @@ from common.buffered_metrics import ScrapeHooks
 from common.decode_guard import DecodeGuard
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
+from common.keepalive import KEEPALIVE_ENV, KeepalivePolicy
+from common.keepalive import configure as configure_keepalive
+from common.keepalive import current as current_keepalive
 from common.liveness import LIVE, LivenessWatchdog, Verdict
 from common.ports import describe_port_holders
 from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
@@ -228,6 +231,8 @@ class ServingOptions:
     # SIGTERM: readiness off this long before the server stops accepting (the CLI's default
     # is DEFAULT_DRAIN_DELAY_S; embedded hosts and tests stop at once).
     drain_delay_s: float = 0.0
+    # Which keepalive pings the server accepts (common.keepalive); None: the process's policy.
+    keepalive: KeepalivePolicy | None = None
 
 
 class ServingFailed(Exception):
@@ -728,6 +733,9 @@ def server_options(options: ServingOptions) -> list[tuple[str, Any]]:
         ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
         ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
         ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+        # Accept the fleet's keepalive pings, however long a call runs without data: gRPC's
+        # default answers a ping every ~minute on a quiet call with GOAWAY too_many_pings.
+        *(options.keepalive or current_keepalive()).server_options(),
     ]
     if options.max_connection_age_s:
         core += [
@@ -751,8 +759,8 @@ def add_serving_arguments(
     default_max_connection_age: float = 0.0,
 ) -> None:
     """``--listen --metrics-listen --ready-file --log-level --shutdown-grace --serving-path
-    --health-listen --stall-limit --max-connection-age --max-connection-age-grace --drain-delay
-    --tls-cert --tls-key --tls-client-ca --tls-ca``."""
+    --health-listen --stall-limit --max-connection-age --max-connection-age-grace
+    --keepalive-interval --drain-delay --tls-cert --tls-key --tls-client-ca --tls-ca``."""
     group = parser.add_argument_group("serving")
     group.add_argument(
         "--listen",
@@ -804,6 +812,15 @@ def add_serving_arguments(
         metavar="SECONDS",
         help="after GOAWAY, how long calls still running on the old connection may take "
         "before it is closed (default %(default)s)",
+    )
+    group.add_argument(
+        "--keepalive-interval",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="HTTP/2 keepalive: ping peers on the channels this process opens this often "
+        "while calls run or connections idle, and accept pings from clients twice as often; "
+        f"use the same value on every process of a fleet (default ${KEEPALIVE_ENV} or 20)",
     )
     group.add_argument(
         "--drain-delay",
@@ -909,6 +926,12 @@ def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
         raise SystemExit("--stall-limit must be a positive number of seconds")
     if args.max_connection_age < 0 or args.max_connection_age_grace < 0:
         raise SystemExit("--max-connection-age and --max-connection-age-grace must be >= 0")
+    # Process-wide: the channels this process opens (to workers, to the controller) ping at
+    # the same interval its server accepts.
+    try:
+        keepalive = configure_keepalive(getattr(args, "keepalive_interval", None))
+    except ValueError as exc:
+        raise SystemExit(f"--keepalive-interval: {exc}") from None
     return ServingOptions(
         listen=args.listen,
         metrics_listen=metrics,
@@ -921,6 +944,7 @@ def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
         max_connection_age_s=args.max_connection_age or None,
         max_connection_age_grace_s=args.max_connection_age_grace,
         drain_delay_s=args.drain_delay,
+        keepalive=keepalive,
     )
 
 

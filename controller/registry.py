@@ -32,10 +32,11 @@ Pure and clock-injected: no I/O, no gRPC; the servicer maps the exceptions to st
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 
 from common.clock import Clock
+from common.cost_samples import MAX_WARMUP_SAMPLES
 from halcyon.v1 import fleet_pb2
 
 __all__ = [
@@ -127,6 +128,50 @@ def validate_descriptor(descriptor: fleet_pb2.ReplicaDescriptor) -> None:
         raise InvalidDescriptor(
             "speed", f"must be a positive finite number (1.0 = reference), got {descriptor.speed}"
         )
+    if len(descriptor.runtime) > MAX_RUNTIME_CHARS or any(c.isspace() for c in descriptor.runtime):
+        raise InvalidDescriptor(
+            "runtime", f"must be a runtime kind such as 'simulated', got {descriptor.runtime!r}"
+        )
+    _validate_warmup(descriptor.warmup)
+
+
+# A runtime kind is a short word ("simulated", "onnx", "oip").
+MAX_RUNTIME_CHARS = 32
+# No warm-up batch is longer than this: a gateway seeds its cost model with these numbers.
+MAX_WARMUP_DEVICE_S = 3600
+
+
+def _validate_warmup(samples: Sequence[fleet_pb2.CostSample]) -> None:
+    """Warm-up batches a gateway can learn from: a few, each with items and a device time
+    that is a real duration (valid, non-negative, at most an hour)."""
+    if len(samples) > MAX_WARMUP_SAMPLES:
+        raise InvalidDescriptor(
+            "warmup", f"at most {MAX_WARMUP_SAMPLES} samples, got {len(samples)}"
+        )
+    for i, sample in enumerate(samples):
+        field = f"warmup[{i}]"
+        if sample.items == 0:
+            raise InvalidDescriptor(f"{field}.items", "must be at least 1 (requests in the batch)")
+        if sample.longest_output_tokens > sample.batch_tokens:
+            raise InvalidDescriptor(
+                f"{field}.longest_output_tokens",
+                f"{sample.longest_output_tokens} is more than the batch's "
+                f"{sample.batch_tokens} work tokens",
+            )
+        d = sample.device_time
+        if not sample.HasField("device_time"):
+            raise InvalidDescriptor(f"{field}.device_time", "must be set")
+        if (
+            d.seconds < 0
+            or not 0 <= d.nanos <= 999_999_999
+            or d.seconds > MAX_WARMUP_DEVICE_S
+            or (d.seconds == MAX_WARMUP_DEVICE_S and d.nanos > 0)
+        ):
+            raise InvalidDescriptor(
+                f"{field}.device_time",
+                f"must be a duration between 0 and {MAX_WARMUP_DEVICE_S} s, got "
+                f"{d.seconds} s {d.nanos} ns",
+            )
 
 
 class FleetRegistry:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import grpc
 from google.protobuf.message import DecodeError
 from opentelemetry import trace
+from prometheus_client import Gauge
 
 from common.auth import AuthPolicy, bearer_metadata
 from common.backoff import controller_channel_options
@@ -64,7 +65,8 @@ from gateway.admission import (
 from gateway.admission.quota import QuotaExceeded
 from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
-from gateway.batching import Batch, BatcherConfig, DeadlineBatcher, FlushReason, Objective
+from gateway.batching import Batch, BatcherConfig, FlushReason, Objective
+from gateway.batching.fixed import BatchingStrategy, make_batcher
 from gateway.controller_link import ControllerLink
 from gateway.dispatcher import (
     EXECUTE_BATCH_METHOD,
@@ -165,6 +167,9 @@ class GatewayConfig:
     # takes work at once (continuous batching) — batches grow by themselves while replicas are
     # busy, and waiting on an idle one only adds latency at light load.
     linger_s: float = 0.0
+    # Which batcher serves (``--batching``): Halcyon's, or one of the seed's baselines (fixed
+    # 32 items / 25 ms linger, or one request per batch) for a like-for-like comparison.
+    batching: BatchingStrategy = BatchingStrategy.HALCYON
     controller_tls: TlsOptions | None = None
     worker_tls: TlsOptions | None = None
     # Batching raises latency with concurrency by design (bigger batches), so the limiter
@@ -315,6 +320,12 @@ class GatewayApp:
         self.metrics = GatewayMetrics(self.host.registry, self.host.scrape_hooks)
         self._snapshot = LoopSnapshot(self._take_snapshot, GatewaySnapshot())
         self.metrics.watch(self._snapshot)
+        Gauge(
+            "halcyon_gateway_batching_info",
+            "1 for the batcher this gateway serves with (--batching): halcyon, fixed or none",
+            ["strategy"],
+            registry=self.host.registry,
+        ).labels(config.batching.value).set(1)
         self.tenants = config.tenants
         self.admission = AdmissionController(
             TenantQuotas(config.tenants),
@@ -388,7 +399,11 @@ class GatewayApp:
             log.warning("no --controller given: the gateway has no fleet and will not be ready")
         log.info(
             "gateway serving",
-            extra={"grpc": self.host.grpc_address, "controller": cfg.controller or ""},
+            extra={
+                "grpc": self.host.grpc_address,
+                "controller": cfg.controller or "",
+                "batching": cfg.batching.value,
+            },
         )
 
     async def run_until_signal(self, after_start: Callable[[], None] | None = None) -> None:
@@ -440,7 +455,8 @@ class GatewayApp:
                 model,
                 version,
                 clock=self.clock,
-                batcher=DeadlineBatcher(
+                batcher=make_batcher(
+                    self.config.batching,
                     self.clock,
                     BatcherConfig(objective=self.config.objective, linger_s=self.config.linger_s),
                 ),
@@ -472,7 +488,9 @@ class GatewayApp:
             if info.draining:
                 d.drain_replica(info.replica_id)
             else:
-                d.upsert_replica(info.replica_id, info.address, info.slots, info.speed)
+                d.upsert_replica(
+                    info.replica_id, info.address, info.slots, info.speed, warmup=info.warmup
+                )
         if not diff.empty or (new_stream and self.fleet.carried):
             log.info(
                 "fleet updated",
@@ -761,6 +779,7 @@ class GatewayApp:
                         intercept=to_duration(cost.intercept),
                         per_token=to_duration(cost.slope),
                         samples=cost.observations,
+                        per_step=to_duration(cost.step),
                     )
                 )
         return limiter.limit, self._inflight, models
@@ -788,6 +807,7 @@ class GatewayApp:
                         cost_intercept_s=cost.intercept if cost else math.nan,
                         cost_per_token_s=cost.slope if cost else math.nan,
                         breaker=breaker.value,
+                        cost_per_step_s=cost.step if cost else math.nan,
                     )
                 )
             snap.routable[(model, version)] = routable

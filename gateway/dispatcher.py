@@ -17,14 +17,24 @@ retried elsewhere. A request still waiting on a replica shortly before its deadl
 by the gateway itself (``DEADLINE_EXCEEDED / DEADLINE_MISSED``), so the client gets a reason
 before its own deadline fires (ADR 0011).
 
+The prediction exists from a replica's first batch on: when a replica first joins, its cost
+model is seeded from the warm-up batches its worker measured before registering
+(:mod:`gateway.warmup`), and the router's prior is their measured time. A replica with no
+prediction at all (a worker without warm-up, before its first answer) has no attempt timeout
+but its requests' answer-by. A call that ran out of time proves a lower bound on that batch's
+cost there (:class:`~gateway.routing.CostFloor`); no prediction the dispatcher acts on is less,
+and the next attempt may take twice the bound, so a replica slower than its model is given more
+time next (a half-open probe included), not timed out for ever.
+
 Outcome handling follows the design's distinctions:
 
 * success — the router learns the latency, the batcher's per-replica cost model learns the
-  batch time, the hedge histogram learns the latency;
+  batch time, the hedge histogram learns the latency, lower bounds it refutes are dropped;
 * ``REPLICA_BUSY`` — backpressure, not a fault: the replica is skipped for its advertised
   retry delay, the batch goes back to the queue, the breaker is untouched;
 * no answer within the attempt timeout — a TIMEOUT (a breaker failure and a latency lower
   bound; timeouts in a row open the breaker at once); requests are retried as for a failure;
+  the batch's cost on the replica is more than the call waited, cut short or not;
 * any other failure — a fault for the breaker; requests get one more try elsewhere if their
   deadline still allows, otherwise ``UNAVAILABLE / UPSTREAM_FAILURE``. The retry avoids the
   replicas *that request* failed on (the batcher holds it out of their batches); the replica
@@ -37,7 +47,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -45,6 +55,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from common.clock import Clock
+from common.cost_samples import CostSampleValue
 from common.durations import to_seconds
 from common.errors import (
     Reason,
@@ -57,7 +68,6 @@ from common.grpc_metrics import UnaryClientRecorder
 from common.tracing import end_rpc_span, inject_metadata, spans_recorded, start_client_span
 from gateway.batching import (
     Batch,
-    DeadlineBatcher,
     Dropped,
     DropReason,
     FlushReason,
@@ -65,10 +75,12 @@ from gateway.batching import (
     OnlineCostModel,
     Rejected,
 )
+from gateway.batching.fixed import BatchPolicy
 from gateway.rejections import unreachable_error
 from gateway.routing import (
     AttemptPolicy,
     BreakerState,
+    CostFloor,
     HedgePolicy,
     HedgeRace,
     Lease,
@@ -79,6 +91,7 @@ from gateway.routing import (
     ReplicaSpec,
 )
 from gateway.validation import ValidRequest
+from gateway.warmup import prior_latency_s, seeded_cost_model
 from gateway.worker_pool import WorkerPool
 from halcyon.v1 import infer_pb2, worker_pb2
 
@@ -237,7 +250,7 @@ class VersionDispatcher:
         version: str,
         *,
         clock: Clock,
-        batcher: DeadlineBatcher[PendingRequest],
+        batcher: BatchPolicy[PendingRequest],  # a DeadlineBatcher, or a --batching baseline
         router: PeakEwmaRouter,
         hedging: HedgePolicy,
         pool: WorkerPool,
@@ -275,6 +288,8 @@ class VersionDispatcher:
         # Each member's learned cost, kept while the batcher does not plan for it (breaker
         # open, draining) so that it neither starts over nor reads as "unknown" meanwhile.
         self._models: dict[str, OnlineCostModel] = {}
+        # What calls that ran out of time proved about each member's cost (kept likewise).
+        self._floors: dict[str, CostFloor] = {}
         self._slots: dict[str, int] = {}
         self._draining: set[str] = set()
         self._shunned: set[str] = set()  # breaker open: not offered to the batcher as capacity
@@ -282,11 +297,32 @@ class VersionDispatcher:
 
     # -- membership -------------------------------------------------------------------------
 
-    def upsert_replica(self, replica_id: str, address: str, slots: int, speed: float) -> None:
+    def upsert_replica(
+        self,
+        replica_id: str,
+        address: str,
+        slots: int,
+        speed: float,
+        *,
+        warmup: Sequence[CostSampleValue] = (),
+    ) -> None:
+        """Add a replica or update one; ``warmup`` (the batches its worker measured) seeds
+        its cost model when it first joins, and only then: a known replica keeps what it
+        learned."""
         now = self._clock.now()
         self._pool.open(replica_id, address)
+        if replica_id not in self._models:
+            seeded = seeded_cost_model(warmup)
+            if seeded is not None:
+                self._models[replica_id] = seeded  # _plan_for hands it to the batcher
+        prior = prior_latency_s(warmup)
         self.router.upsert(
-            ReplicaSpec(replica_id, slots=slots, prior_latency_s=NOMINAL_BATCH_S / speed), now
+            ReplicaSpec(
+                replica_id,
+                slots=slots,
+                prior_latency_s=prior if prior is not None else NOMINAL_BATCH_S / speed,
+            ),
+            now,
         )
         self.router.set_draining(replica_id, False)
         self._draining.discard(replica_id)
@@ -319,6 +355,7 @@ class VersionDispatcher:
         self._draining.discard(replica_id)
         self._shunned.discard(replica_id)
         self._models.pop(replica_id, None)
+        self._floors.pop(replica_id, None)
         self.kick()
 
     def cost_model(self, replica_id: str) -> OnlineCostModel | None:
@@ -326,13 +363,20 @@ class VersionDispatcher:
         None for a replica that is not a member."""
         return self._models.get(replica_id)
 
-    def _predicted(self, replica_id: str, tokens: int) -> float | None:
-        """A conservative prediction of a batch's duration on a replica, from its cost model;
-        None while the replica has not completed a batch (a prior is not a prediction)."""
+    def _predicted(self, replica_id: str, tokens: int, longest: int = 0) -> float | None:
+        """A conservative prediction of a batch's duration on a replica, from its cost model
+        (seeded by its warm-up); None while the replica has neither measured nor completed a
+        batch (a prior is not a prediction)."""
         model = self._models.get(replica_id)
         if model is None or model.observations == 0:
             return None
-        return model.upper(tokens)
+        return model.upper(tokens, longest)
+
+    def _proven(self, replica_id: str, tokens: int) -> float:
+        """What calls out of time proved a batch of ``tokens`` costs on a replica (0: nothing);
+        no prediction the dispatcher acts on is less."""
+        floor = self._floors.get(replica_id)
+        return floor.at(tokens) if floor is not None else 0.0
 
     @property
     def has_replicas(self) -> bool:
@@ -353,6 +397,7 @@ class VersionDispatcher:
             tokens=v.work_tokens,
             deadline=pending.deadline,
             lane=Lane.BULK if v.bulk else Lane.INTERACTIVE,
+            output_tokens=v.max_output_tokens,
         )
         if isinstance(verdict, Rejected):
             raise rejection_error(verdict, self._clock.now())
@@ -519,13 +564,18 @@ class VersionDispatcher:
             self._settle(flight, lease, None, RichError(grpc.StatusCode.UNAVAILABLE, "gone"))
             return
         now = self._clock.now()
-        # A half-open probe gets the cold timeout: a replica that became slower than its
-        # model must be able to answer once (and teach the model) to come back at all.
-        predicted = None if lease.probe else self._predicted(lease.replica_id, batch.tokens)
-        flight.predicted[lease.lease_id] = predicted
+        # No prediction and nothing proven (a worker without warm-up, before its first answer):
+        # no attempt timeout but the requests' answer-by. A half-open probe is timed like any
+        # attempt: the timeouts that opened the breaker proved a floor, so it is given twice
+        # that, and a replica that became slower than its model answers a probe after a few.
+        predicted = self._predicted(lease.replica_id, batch.tokens, batch.longest)
+        proven = self._proven(lease.replica_id, batch.tokens)
+        flight.predicted[lease.lease_id] = (
+            max(predicted, proven) if predicted is not None else (proven or None)
+        )
         last_answer_by = max(p.answer_by for p in batch.payloads)
         timeout = self._attempts.call_timeout(
-            now, predicted, last_answer_by, self._hedging.hedge_delay(now)
+            now, predicted, last_answer_by, self._hedging.hedge_delay(now), proven
         )
         if now + timeout > flight.ends_by:
             flight.ends_by = now + timeout
@@ -633,6 +683,9 @@ class VersionDispatcher:
         if response is not None:
             self.router.complete(lease, Outcome.SUCCESS, latency, now)
             self._hedging.record_latency(latency)
+            floor = self._floors.get(lease.replica_id)
+            if floor is not None:
+                floor.answered(flight.batch.tokens, latency)
         elif busy:
             self.router.complete(lease, Outcome.BUSY, None, now)
             retry = err.retry_after_s if err is not None and err.retry_after_s else 0.001
@@ -642,6 +695,10 @@ class VersionDispatcher:
             verdict = self._attempts.judge_expiry(latency, flight.predicted.get(lease.lease_id))
             self.router.complete(lease, verdict, latency, now)
             self._breakers_dirty = True
+            # Overdue or cut at the deadline: either way the batch costs more than this there.
+            if lease.replica_id in self._slots:
+                floor = self._floors.setdefault(lease.replica_id, CostFloor())
+                floor.ran_out(flight.batch.tokens, latency)
         else:
             self.router.complete(lease, Outcome.FAULT, None, now)
             self._breakers_dirty = True
@@ -727,6 +784,16 @@ class VersionDispatcher:
             pending = item.payload
             if pending.answered:
                 continue
+            if now >= pending.answer_by:
+                # Its answer is due (a call cut at the answer-by): a retry could only reach
+                # the client after its own deadline, as a bare DEADLINE_EXCEEDED.
+                pending.reject(
+                    deadline_missed(
+                        f"no answer from replica {'/'.join(sorted(tried))} before the deadline"
+                        f" ({err.message if err else 'the replica failed'})"
+                    )
+                )
+                continue
             if not busy:
                 pending.attempts += 1
             if pending.attempts >= MAX_ATTEMPTS:
@@ -747,6 +814,7 @@ class VersionDispatcher:
                 deadline=item.deadline,
                 lane=item.lane,
                 avoid=pending.avoid,
+                output_tokens=item.output_tokens,
             )
             if isinstance(verdict, Rejected):
                 pending.reject(rejection_error(verdict, now))
@@ -772,7 +840,7 @@ class VersionDispatcher:
         def predicted(replica_id: str) -> float:
             model = self._models.get(replica_id)  # learned, or the prior for want of better
             if model is not None:
-                return model.upper(batch.tokens)
+                return model.upper(batch.tokens, batch.longest)
             return self.router.latency_estimate(replica_id, now) or NOMINAL_BATCH_S
 
         hedge = self._hedging.may_hedge(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from common.cost_samples import CostSampleValue
 from gateway.versioning import VersionSplit
 from halcyon.v1 import control_pb2
 
@@ -38,6 +39,9 @@ class ReplicaInfo:
     slots: int
     speed: float
     draining: bool
+    runtime: str = ""
+    # What the replica measured before registering: seeds its cost model when it joins.
+    warmup: tuple[CostSampleValue, ...] = ()
 
 
 @dataclass(slots=True)
@@ -84,6 +88,8 @@ class FleetState:
                 slots=max(1, d.slots),
                 speed=d.speed if d.speed > 0 else 1.0,
                 draining=member.load.draining,
+                runtime=d.runtime,
+                warmup=tuple(CostSampleValue.from_proto(s) for s in d.warmup),
             )
             seen[info.replica_id] = info
             old = self.replicas.get(info.replica_id)

@@ -27,6 +27,12 @@ from common.tracing import configure_tracing
 from gateway.admission import TenantRegistry
 from gateway.app import GatewayApp, GatewayConfig
 from gateway.batching import Objective
+from gateway.batching.fixed import (
+    SEED_FIXED_LINGER_S,
+    SEED_FIXED_MAX_ITEMS,
+    SEED_FIXED_MAX_QUEUE,
+    BatchingStrategy,
+)
 
 __all__ = ["configure", "run"]
 
@@ -103,6 +109,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "dispatch at once; batches grow while replicas are busy)",
     )
     policy.add_argument(
+        "--batching",
+        choices=[s.value for s in BatchingStrategy],
+        default=BatchingStrategy.HALCYON.value,
+        help="which batcher serves: 'halcyon' (deadline-aware EDF with feasibility and goodput "
+        f"shedding), 'fixed' (the seed's fixed batcher, as the seed description's benchmark "
+        f"gives it: batches of up to {SEED_FIXED_MAX_ITEMS} requests flushed when full or "
+        f"{SEED_FIXED_LINGER_S * 1000:g} ms after the first arrived, FIFO, a queue of "
+        f"{SEED_FIXED_MAX_QUEUE}, no deadline shedding) or 'none' (one request per batch, "
+        "FIFO, same queue); the baselines exist to measure Halcyon against (default "
+        "%(default)s; --objective and --linger-ms apply to halcyon only)",
+    )
+    policy.add_argument(
         "--seed", type=int, default=0, help="seed for routing choices (default %(default)s)"
     )
     add_credential_arguments(parser, fleet_use="presented to the controller and workers")
@@ -143,6 +161,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         seed=args.seed,
         objective=Objective.parse(args.objective),
         linger_s=max(0.0, args.linger_ms) / 1000.0,
+        batching=BatchingStrategy.parse(args.batching),
         controller_tls=peer_tls,
         worker_tls=peer_tls,
     )

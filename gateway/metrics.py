@@ -135,6 +135,7 @@ class ReplicaSample:
     cost_intercept_s: float
     cost_per_token_s: float
     breaker: str = "closed"
+    cost_per_step_s: float = 0.0
 
 
 @dataclass(slots=True)
@@ -221,6 +222,11 @@ class _SnapshotCollector(Collector):
             "Learned marginal cost per token, per replica.",
             labels=labels,
         )
+        per_step = GaugeMetricFamily(
+            "halcyon_gateway_cost_model_per_step_seconds",
+            "Learned cost per decode step of a batch's longest output, per replica.",
+            labels=labels,
+        )
         breaker = GaugeMetricFamily(
             "halcyon_gateway_replica_breaker_state",
             "Circuit breaker state per replica: 1 for the current state, 0 for the others.",
@@ -232,6 +238,7 @@ class _SnapshotCollector(Collector):
             inflight.add_metric(key, s.inflight)
             intercept.add_metric(key, s.cost_intercept_s)
             per_token.add_metric(key, s.cost_per_token_s)
+            per_step.add_metric(key, s.cost_per_step_s)
             for state in BREAKER_STATES:
                 breaker.add_metric([*key, state], 1.0 if s.breaker == state else 0.0)
         routable = GaugeMetricFamily(
@@ -256,7 +263,17 @@ class _SnapshotCollector(Collector):
         )
         for tenant, tokens in sorted(snap.quota_tokens.items()):
             quota.add_metric([tenant], tokens)
-        yield from (latency, inflight, intercept, per_token, breaker, routable, weight, quota)
+        yield from (
+            latency,
+            inflight,
+            intercept,
+            per_token,
+            per_step,
+            breaker,
+            routable,
+            weight,
+            quota,
+        )
 
 
 class GatewayMetrics:

@@ -13,6 +13,7 @@ from typing import Any
 
 import grpc
 
+from common import keepalive
 from halcyon.v1 import worker_pb2_grpc
 
 CLOSE_GRACE_S = 30.0
@@ -39,7 +40,9 @@ class WorkerPool:
         if current is not None:
             self.close(replica_id)
         options = [
-            ("grpc.keepalive_time_ms", 10_000),
+            # Pings a batch's connection however long the batch runs; the worker's server
+            # accepts them (common.keepalive), so a 35 s batch is not cut by too_many_pings.
+            *keepalive.client_options(),
             ("grpc.max_receive_message_length", 64 << 20),
             # The dispatcher retries (elsewhere, with the batcher's say) itself; the core's
             # transparent retries would only buffer every batch a second time.

@@ -31,11 +31,19 @@ from typing import Any, NoReturn
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "controller": ("controller.main", "run the controller (fleet registry, rollouts, store)"),
     "gateway": ("gateway.main", "run a gateway (InferService)"),
-    "worker": ("worker.main", "run a worker replica on a simulated device (WorkerService)"),
+    "worker": (
+        "worker.main",
+        "run a worker replica: simulated device, ONNX Runtime or an OIP backend (WorkerService)",
+    ),
     "stack": ("halcyon.stack", "run controller, gateway and a heterogeneous fleet on loopback"),
     "bench": ("bench.cli", "seeded discrete-event benchmarks (batching, fleet, herd, rollout)"),
     "loadtest": ("halcyon.loadtest", "drive real load at a running gateway and report"),
+    "sweep": (
+        "halcyon.sweep",
+        "the loadtest sweep: offered rates x batching strategies, each on a fresh stack",
+    ),
     "rollout": ("halcyon.rollout", "ship a new model version: start, status, watch, verify, …"),
+    "model": ("halcyon.model_cmd", "generate the ONNX model an ONNX Runtime worker serves"),
 }
 
 

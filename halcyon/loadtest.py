@@ -6,8 +6,25 @@ req/s regardless of how fast answers come back, so a slow server cannot hide its
 by slowing the load down (coordinated omission).
 
 The request mix follows the original system's load test: max output tokens uniform in
-[64, 255], one session key per client, a 2 s deadline carried as the gRPC deadline. Requests
-are serialized once up front so the load generator spends its CPU on calls, not on protobuf.
+[64, 255] (``--max-tokens LO:HI``), prompts of 4 to 16 words (``--input-bytes LO:HI``: a
+uniform size in bytes instead), one session key per client, a 2 s deadline carried as the gRPC
+deadline. Requests are serialized once up front so the load generator spends its CPU on calls,
+not on protobuf.
+
+SLO classes (``--mix urgent:0.3:800,relaxed:0.7:6000``): each request draws its class from the
+seeded RNG by share, and carries its class's deadline as its gRPC deadline; the report then
+gives, per class, the requests offered, succeeded and on time (succeeded within the class's
+deadline). Without ``--mix`` there is one class, ``default``, with ``--deadline-ms``. Overall it
+adds goodput over the arrival window (on-time successes ÷ ``--seconds``, the benchmark's
+definition) and *admitted then late*: of the requests the gateway did not refuse (refused =
+ended with a Halcyon rejection other than ``DEADLINE_MISSED``, ``UPSTREAM_FAILURE`` or
+``INTERNAL``), the share answered after their deadline, or with ``DEADLINE_EXCEEDED`` (the
+gateway's ``DEADLINE_MISSED``, or the client's own deadline firing first).
+
+As a library: :func:`run_loadtest` takes :class:`LoadOptions` (the flags' fields, with the
+flags' defaults) and returns a :class:`LoadResult` (every figure, per class too, and the
+``--json`` report); it raises ``ConnectionError`` when no gateway answers and ``ValueError``
+for options the command line would refuse.
 
 What it counts, and why separately: a request (one logical call, however many attempts) ends
 *successful* (OK), *rejected* (any other Halcyon status: an ``ErrorInfo`` in the
@@ -32,7 +49,8 @@ NOT_SERVING (draining) gets no new calls.
 
 With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total`` and
 batch-size histogram before and after the run and reports the gateway's CPU time per request
-and how many batches it dispatched for them.
+and how many batches it dispatched for them; ``--worker-metrics HOST:PORT[,...]`` adds the
+workers' ``process_cpu_seconds_total`` over the run, summed.
 """
 
 from __future__ import annotations
@@ -48,12 +66,13 @@ import threading
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import grpc
 
+from common import keepalive
 from common.errors import DOMAIN, RichError, parse_rpc_error
 from halcyon.v1 import infer_pb2
 
@@ -68,6 +87,94 @@ LOAD_REJECTIONS = frozenset(
         grpc.StatusCode.ABORTED,
     }
 )
+
+
+# Halcyon rejections a request can end with after the gateway admitted it (evicted from the
+# queue, or failed on the fleet); every other Halcyon rejection is a refusal at admission.
+ADMITTED_FAILURES = frozenset({"DEADLINE_MISSED", "UPSTREAM_FAILURE", "INTERNAL"})
+DEFAULT_MAX_TOKENS = (64, 255)
+MAX_INPUT_BYTES = 64 * 1024  # the gateway's limit on InferRequest.input
+
+
+@dataclass(frozen=True)
+class SloClass:
+    """One class of the ``--mix``: its name, its share of requests, its deadline."""
+
+    name: str
+    share: float
+    deadline_ms: float
+
+
+def parse_mix(text: str) -> tuple[SloClass, ...]:
+    """``NAME:SHARE:DEADLINE_MS[,...]`` (e.g. ``urgent:0.3:800,relaxed:0.7:6000``); shares are
+    positive and normalised to sum to 1 (raises ValueError)."""
+    classes: list[SloClass] = []
+    for part in text.split(","):
+        bits = part.strip().split(":")
+        if len(bits) != 3 or not bits[0]:
+            raise ValueError(f"not NAME:SHARE:DEADLINE_MS: {part.strip()!r}")
+        name = bits[0]
+        try:
+            share, deadline_ms = float(bits[1]), float(bits[2])
+        except ValueError:
+            raise ValueError(f"not NAME:SHARE:DEADLINE_MS: {part.strip()!r}") from None
+        if not (share > 0 and math.isfinite(share)):
+            raise ValueError(f"class {name!r}: the share must be positive, got {bits[1]}")
+        if not (deadline_ms > 0 and math.isfinite(deadline_ms)):
+            raise ValueError(f"class {name!r}: the deadline must be positive, got {bits[2]}")
+        if any(c.name == name for c in classes):
+            raise ValueError(f"class {name!r} given twice")
+        classes.append(SloClass(name, share, deadline_ms))
+    total = sum(c.share for c in classes)
+    return tuple(SloClass(c.name, c.share / total, c.deadline_ms) for c in classes)
+
+
+def parse_range(text: str) -> tuple[int, int]:
+    """``LO:HI`` as two integers with 1 <= LO <= HI (raises ValueError)."""
+    lo_text, sep, hi_text = text.partition(":")
+    try:
+        lo, hi = int(lo_text), int(hi_text)
+    except ValueError:
+        raise ValueError(f"not LO:HI: {text!r}") from None
+    if not sep or lo < 1 or hi < lo:
+        raise ValueError(f"not LO:HI with 1 <= LO <= HI: {text!r}")
+    return lo, hi
+
+
+def _mix_arg(text: str) -> tuple[SloClass, ...]:
+    try:
+        return parse_mix(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _range_arg(text: str) -> tuple[int, int]:
+    try:
+        return parse_range(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def _addresses_arg(text: str) -> tuple[str, ...]:
+    addresses = tuple(a.strip() for a in text.split(",") if a.strip())
+    if not addresses:
+        raise argparse.ArgumentTypeError(f"not HOST:PORT[,HOST:PORT...]: {text!r}")
+    return addresses
+
+
+@dataclass
+class ClassTally:
+    """One SLO class's requests: offered (begun, or dropped by the open-loop client), how
+    they ended, and the latencies of its successes."""
+
+    offered: int = 0
+    ok: int = 0
+    on_time: int = 0
+    refused: int = 0  # ended with a Halcyon refusal: never admitted
+    late: int = 0  # admitted, then answered after its deadline or DEADLINE_EXCEEDED
+    lost: int = 0
+    client_dropped: int = 0
+    latencies_ms: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +205,10 @@ class Tally:
     # timeline[s]: attempt outcomes in second s of the run ("ok", "on_time", "lost",
     # "rejected/REASON").
     timeline: list[Counter[str]] = field(default_factory=list)
+    # Per SLO class (the --mix, in its order; empty when built by hand, e.g. in tests).
+    classes: list[ClassTally] = field(default_factory=list)
+    refused: int = 0  # requests that ended with a refusal at admission (see ADMITTED_FAILURES)
+    admitted_late: int = 0
 
     @property
     def ok(self) -> int:
@@ -128,14 +239,34 @@ def _quantile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def _request_pool(model: str, session: str, rng: random.Random, size: int = 32) -> list[bytes]:
-    words = ["summarise", "the", "quarterly", "report", "for", "our", "fleet", "please"]
+_WORDS = ["summarise", "the", "quarterly", "report", "for", "our", "fleet", "please"]
+
+
+def _prompt(rng: random.Random, input_bytes: tuple[int, int] | None) -> str:
+    if input_bytes is None:
+        return " ".join(rng.choice(_WORDS) for _ in range(rng.randint(4, 16)))
+    size = rng.randint(*input_bytes)
+    text = ""
+    while len(text) < size:
+        text += rng.choice(_WORDS) + " "
+    return text[:size]
+
+
+def _request_pool(
+    model: str,
+    session: str,
+    rng: random.Random,
+    size: int = 32,
+    max_tokens: tuple[int, int] = DEFAULT_MAX_TOKENS,
+    input_bytes: tuple[int, int] | None = None,
+) -> list[bytes]:
     pool = []
     for _ in range(size):
+        prompt = _prompt(rng, input_bytes)
         req = infer_pb2.InferRequest(
             model=model,
-            input=" ".join(rng.choice(words) for _ in range(rng.randint(4, 16))),
-            max_output_tokens=rng.randint(64, 255),
+            input=prompt,
+            max_output_tokens=rng.randint(*max_tokens),
             session_key=session,
         )
         pool.append(req.SerializeToString())
@@ -153,11 +284,15 @@ def balancing_service_config(health_check: str) -> dict[str, Any]:
 
 
 def channel_options(health_check: str | None) -> list[tuple[str, Any]]:
-    """The load generator's channel options: gRPC's defaults (pick_first) unless
-    ``health_check`` names a health service to balance on."""
+    """The load generator's channel options: the fleet's keepalive, and gRPC's default
+    balancing (pick_first) unless ``health_check`` names a health service to balance on."""
+    options: list[tuple[str, Any]] = [*keepalive.client_options()]
     if health_check is None:
-        return []
-    return [("grpc.service_config", json.dumps(balancing_service_config(health_check)))]
+        return options
+    return [
+        *options,
+        ("grpc.service_config", json.dumps(balancing_service_config(health_check))),
+    ]
 
 
 def is_halcyon_answer(err: RichError) -> bool:
@@ -167,11 +302,13 @@ def is_halcyon_answer(err: RichError) -> bool:
 
 @dataclass(slots=True)
 class _Request:
-    """One logical request: its payload, when it was first sent, what to do when it ends."""
+    """One logical request: its payload, when it was first sent, what to do when it ends, and
+    its SLO class (an index into the mix)."""
 
     payload: bytes
     first_sent: float
     then: Callable[[], None] | None
+    slo: int = 0
 
 
 class _RetryTimer:
@@ -220,12 +357,19 @@ class LoadGenerator:
     and can drive a gateway past 3,000 req/s from one process.
     """
 
-    def __init__(self, args: argparse.Namespace) -> None:
+    def __init__(self, args: argparse.Namespace | LoadOptions) -> None:
         self.args = args
-        self.tally = Tally()
+        self.classes: tuple[SloClass, ...] = tuple(getattr(args, "mix", None) or ()) or (
+            SloClass("default", 1.0, args.deadline_ms),
+        )
+        self.tally = Tally(classes=[ClassTally() for _ in self.classes])
         self.rng = random.Random(args.seed)
         self.metadata = (("x-api-key", args.api_key),)
         self.deadline_s = args.deadline_ms / 1000.0
+        self._deadlines_s = [c.deadline_ms / 1000.0 for c in self.classes]
+        self._cum_shares = list(itertools.accumulate(c.share for c in self.classes))
+        self._max_tokens: tuple[int, int] = getattr(args, "max_tokens", None) or DEFAULT_MAX_TOKENS
+        self._input_bytes: tuple[int, int] | None = getattr(args, "input_bytes", None)
         self._lock = threading.Lock()
         self._outstanding = 0  # requests begun and not ended (waiting retries included)
         self._idle = threading.Condition(self._lock)
@@ -249,17 +393,30 @@ class LoadGenerator:
             return err.retry_after_s  # None when the server gave no retry advice
         return None
 
-    def _begin(self, payload: bytes, then: Callable[[], None] | None) -> None:
-        request = _Request(payload, time.perf_counter(), then)
+    def _draw_class(self, rng: random.Random) -> int:
+        """An SLO class by share (no draw with a single class: today's sequence unchanged)."""
+        if len(self.classes) == 1:
+            return 0
+        u = rng.random()
+        for index, upto in enumerate(self._cum_shares):
+            if u < upto:
+                return index
+        return len(self.classes) - 1
+
+    def _begin(self, payload: bytes, then: Callable[[], None] | None, slo: int = 0) -> None:
+        request = _Request(payload, time.perf_counter(), then, slo)
         with self._lock:
             self._outstanding += 1
+            self.tally.classes[slo].offered += 1
         self._attempt(request)
 
     def _attempt(self, request: _Request) -> None:
         with self._lock:
             self.tally.sent += 1
         t0 = time.perf_counter()
-        future = self.call.future(request.payload, timeout=self.deadline_s, metadata=self.metadata)
+        future = self.call.future(
+            request.payload, timeout=self._deadlines_s[request.slo], metadata=self.metadata
+        )
         future.add_done_callback(lambda f: self._done(f, request, t0))
 
     def _done(self, future: grpc.Future, request: _Request, t0: float) -> None:
@@ -269,11 +426,15 @@ class LoadGenerator:
         cut_off = False
         with self._lock:
             tally = self.tally
+            slo = tally.classes[request.slo]
+            deadline_s = self._deadlines_s[request.slo]
             second = int(now - self._t0)
             if err is None:
                 resp = future.result()
                 total_s = now - request.first_sent
                 tally.latencies_ms.append(total_s * 1000.0)
+                slo.latencies_ms.append(total_s * 1000.0)
+                slo.ok += 1
                 execution = resp.timings.execution
                 tally.added_ms.append(
                     (now - t0) * 1000.0 - (execution.seconds * 1e3 + execution.nanos / 1e6)
@@ -283,17 +444,25 @@ class LoadGenerator:
                 tally.batch_sizes.append(resp.batch.size)
                 if resp.hedged:
                     tally.hedged += 1
-                if total_s <= self.deadline_s:
+                if total_s <= deadline_s:
                     tally.on_time += 1
+                    slo.on_time += 1
                     tally.mark(second, "ok", "on_time")
                 else:
+                    tally.admitted_late += 1
+                    slo.late += 1
                     tally.mark(second, "ok")
             else:
                 assert isinstance(err, grpc.RpcError)
                 rich = parse_rpc_error(err)
                 name = rich.code.name
+                past_deadline = rich.code is grpc.StatusCode.DEADLINE_EXCEEDED
                 if not is_halcyon_answer(rich):
                     tally.lost += 1
+                    slo.lost += 1
+                    if past_deadline:  # the client's own deadline: admitted, never answered
+                        tally.admitted_late += 1
+                        slo.late += 1
                     tally.outcomes[name] += 1
                     tally.mark(second, "lost")
                 else:
@@ -303,6 +472,12 @@ class LoadGenerator:
                     retry_after = self._retry_delay(rich)
                     if retry_after is None:
                         tally.outcomes[f"{name}/{reason}"] += 1
+                        if reason not in ADMITTED_FAILURES:
+                            tally.refused += 1
+                            slo.refused += 1
+                        elif past_deadline:
+                            tally.admitted_late += 1
+                            slo.late += 1
                     elif now + retry_after < self._stop_at:
                         tally.retries += 1
                     else:
@@ -324,20 +499,31 @@ class LoadGenerator:
         elif request.then is not None and time.perf_counter() < self._stop_at:
             request.then()
 
+    def _pool(self, session: str, rng: random.Random, size: int) -> list[bytes]:
+        return _request_pool(
+            self.args.model, session, rng, size, self._max_tokens, self._input_bytes
+        )
+
     def _closed_loop(self) -> None:
         for i in range(self.args.clients):
-            pool = _request_pool(self.args.model, f"client-{i}", random.Random(self.args.seed + i))
+            pool = self._pool(f"client-{i}", random.Random(self.args.seed + i), 32)
             counter = itertools.count()
+            # Each client draws its requests' classes from its own seeded stream (completions
+            # run on gRPC's threads, so one shared generator would not be reproducible).
+            slo_rng = random.Random(f"slo-{self.args.seed}-{i}")
 
-            def next_call(pool: list[bytes] = pool, counter: Iterator[int] = counter) -> None:
-                self._begin(pool[next(counter) % len(pool)], next_call)
+            def next_call(
+                pool: list[bytes] = pool,
+                counter: Iterator[int] = counter,
+                slo_rng: random.Random = slo_rng,
+            ) -> None:
+                self._begin(pool[next(counter) % len(pool)], next_call, self._draw_class(slo_rng))
 
             next_call()
 
     def _open_loop(self) -> None:
         pools = [
-            _request_pool(self.args.model, f"session-{i}", random.Random(self.args.seed + i), 8)
-            for i in range(256)
+            self._pool(f"session-{i}", random.Random(self.args.seed + i), 8) for i in range(256)
         ]
         next_at = time.perf_counter()
         while True:
@@ -347,11 +533,15 @@ class LoadGenerator:
             delay = next_at - time.perf_counter()
             if delay > 0:
                 time.sleep(delay)
+            slo = self._draw_class(self.rng)
             if self._outstanding >= self.args.max_inflight:
-                self.tally.client_dropped += 1
+                with self._lock:
+                    self.tally.client_dropped += 1
+                    self.tally.classes[slo].client_dropped += 1
+                    self.tally.classes[slo].offered += 1
                 continue
             pool = pools[self.rng.randrange(len(pools))]
-            self._begin(pool[self.rng.randrange(len(pool))], None)
+            self._begin(pool[self.rng.randrange(len(pool))], None, slo)
 
     def _progress(self, stop: threading.Event) -> None:
         last_n, last_t = 0, time.perf_counter()
@@ -450,6 +640,22 @@ def read_gateway_counters(metrics_address: str) -> GatewayCounters | None:
     return None if cpu is None else GatewayCounters(cpu, batches, batched)
 
 
+def read_process_cpu(metrics_address: str) -> float | None:
+    """A process's ``process_cpu_seconds_total`` from its /metrics, or None if unreadable."""
+    counters = read_gateway_counters(metrics_address)
+    return None if counters is None else counters.cpu_seconds
+
+
+def read_workers_cpu(addresses: Sequence[str]) -> dict[str, float]:
+    """``process_cpu_seconds_total`` of every worker whose /metrics could be read."""
+    readings = {}
+    for address in addresses:
+        cpu = read_process_cpu(address)
+        if cpu is not None:
+            readings[address] = cpu
+    return readings
+
+
 def _timeline(tally: Tally) -> list[dict[str, Any]]:
     """Per second since the start: ok, on time, lost and rejections by reason (attempts)."""
     rows = []
@@ -471,10 +677,43 @@ def _timeline(tally: Tally) -> list[dict[str, Any]]:
     return rows
 
 
-def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> dict[str, Any]:
+def _class_report(cls: SloClass, t: ClassTally) -> dict[str, Any]:
+    lat = sorted(t.latencies_ms)
+    return {
+        "name": cls.name,
+        "share": cls.share,
+        "deadline_ms": cls.deadline_ms,
+        "offered": t.offered,
+        "succeeded": t.ok,
+        "on_time": t.on_time,
+        "on_time_share": t.on_time / t.offered if t.offered else 0.0,
+        "refused": t.refused,
+        "admitted_late": t.late,
+        "lost": t.lost,
+        "client_dropped": t.client_dropped,
+        "p50_ms": _quantile(lat, 0.50),
+        "p95_ms": _quantile(lat, 0.95),
+        "p99_ms": _quantile(lat, 0.99),
+    }
+
+
+def summarize(
+    tally: Tally,
+    elapsed: float,
+    gateway: GatewayCounters | None,
+    *,
+    classes: Sequence[SloClass] = (),
+    window_s: float | None = None,
+    workers_cpu_s: float | None = None,
+) -> dict[str, Any]:
+    """The report (what ``--json`` prints). ``classes`` names ``tally.classes``; ``window_s``
+    is the arrival window (``--seconds``) goodput is judged over; ``workers_cpu_s`` the
+    workers' CPU seconds over the run (``--worker-metrics``)."""
     lat = sorted(tally.latencies_ms)
     added = sorted(tally.added_ms)
     requests = tally.requests
+    window = window_s if window_s else elapsed
+    admitted = requests - tally.refused
     # Attempts the gateway answered (successes plus every rejection, retries included): what
     # its CPU was spent on.
     served_attempts = tally.ok + sum(tally.rejected.values())
@@ -504,6 +743,14 @@ def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> 
         # not throughput), goodput the on-time ones.
         "throughput_rps": per_s(tally.ok),
         "goodput_rps": per_s(tally.on_time),
+        # On-time successes over the arrival window: the benchmark's goodput.
+        "goodput_window_rps": tally.on_time / window if window else 0.0,
+        "window_s": window,
+        "offered": sum(c.offered for c in tally.classes) or requests + tally.client_dropped,
+        "admitted": admitted,
+        "admitted_late": tally.admitted_late,
+        "admitted_late_share": tally.admitted_late / admitted if admitted else 0.0,
+        "classes": [_class_report(c, t) for c, t in zip(classes, tally.classes, strict=False)],
         "p50_ms": _quantile(lat, 0.50),
         "p95_ms": _quantile(lat, 0.95),
         "p99_ms": _quantile(lat, 0.99),
@@ -522,6 +769,12 @@ def summarize(tally: Tally, elapsed: float, gateway: GatewayCounters | None) -> 
         "gateway_cpu_ms_per_request": (gateway.cpu_seconds * 1000.0 / served_attempts)
         if gateway is not None and served_attempts
         else None,
+        "gateway_cpu_s": gateway.cpu_seconds if gateway is not None else None,
+        # The workers' CPU (summed) per attempt the gateway answered, as for the gateway's.
+        "worker_cpu_ms_per_request": (workers_cpu_s * 1000.0 / served_attempts)
+        if workers_cpu_s is not None and served_attempts
+        else None,
+        "worker_cpu_s": workers_cpu_s,
         # The gateway's own count over all its traffic in the run (this client's, normally):
         # batches dispatched and the plain mean of their sizes, where ``mean_batch_size`` above
         # is the size of the batch each answer came in (larger batches count more often).
@@ -574,8 +827,29 @@ def render(report: dict[str, Any]) -> str:
         lines.append(
             f"  client dropped  {report['client_dropped']} (open loop over --max-inflight)"
         )
+    for c in report.get("classes") or []:
+        lines.append(
+            f"  class {c['name']:<9s} {c['offered']} offered, {c['succeeded']} succeeded, "
+            f"{c['on_time']} on time ({100.0 * c['on_time_share']:.1f}%) within "
+            f"{c['deadline_ms']:g} ms   p50/p99 {c['p50_ms']:.1f} / {c['p99_ms']:.1f} ms"
+        )
+    if "goodput_window_rps" in report:
+        lines.append(
+            f"  goodput         {report['goodput_window_rps']:.1f} on-time req/s over the "
+            f"{report['window_s']:g} s arrival window"
+        )
+        lines.append(
+            f"  admitted, late  {report['admitted_late']} of {report['admitted']} admitted "
+            f"({100.0 * report['admitted_late_share']:.2f}%) answered after their deadline or "
+            "with DEADLINE_EXCEEDED"
+        )
     if report["gateway_cpu_ms_per_request"] is not None:
         lines.append(f"  gateway CPU     {report['gateway_cpu_ms_per_request']:.3f} ms per request")
+    if report.get("worker_cpu_ms_per_request") is not None:
+        lines.append(
+            f"  worker CPU      {report['worker_cpu_ms_per_request']:.3f} ms per request "
+            "(all --worker-metrics workers)"
+        )
     if report.get("gateway_requests_per_batch") is not None:
         lines.append(
             f"  gateway batches {report['gateway_batches']} dispatched, "
@@ -617,7 +891,29 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=float,
         default=2000.0,
         help="per-attempt deadline, and the on-time bound from a request's first attempt "
-        "(default 2000)",
+        "(default 2000; ignored with --mix)",
+    )
+    parser.add_argument(
+        "--mix",
+        type=_mix_arg,
+        metavar="NAME:SHARE:DEADLINE_MS[,...]",
+        help="SLO classes, e.g. urgent:0.3:800,relaxed:0.7:6000: each request draws its class "
+        "by share from the seeded RNG and carries the class's deadline (as --deadline-ms does); "
+        "the report gives offered, succeeded and on-time requests per class (default: one "
+        "class, 'default', with --deadline-ms)",
+    )
+    parser.add_argument(
+        "--max-tokens",
+        type=_range_arg,
+        metavar="LO:HI",
+        help="max output tokens of each request, uniform in [LO, HI] (default 64:255)",
+    )
+    parser.add_argument(
+        "--input-bytes",
+        type=_range_arg,
+        metavar="LO:HI",
+        help=f"prompt size in bytes, uniform in [LO, HI] (at most {MAX_INPUT_BYTES}; the "
+        "gateway counts 4 bytes a token) (default: 4 to 16 words, about 15-110 bytes)",
     )
     parser.add_argument(
         "--max-inflight",
@@ -663,6 +959,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "batches it dispatched (default: not read)",
     )
     parser.add_argument(
+        "--worker-metrics",
+        type=_addresses_arg,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="workers' metrics addresses; reports their process CPU time over the run, summed, "
+        "per request (default: not read)",
+    )
+    parser.add_argument(
         "--json",
         action="store_true",
         help="print one JSON object, with a per-second timeline of outcomes",
@@ -670,48 +973,207 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--progress", action="store_true", help="live progress even off a TTY")
 
 
+@dataclass
+class LoadOptions:
+    """What one load test does: the ``halcyon loadtest`` flags, with the same defaults."""
+
+    target: str = "127.0.0.1:50051"
+    api_key: str = "demo-key-premium"
+    model: str = "llama-3-8b"
+    clients: int = 32
+    rate: float = 0.0  # > 0: open loop at this many arrivals per second
+    seconds: float = 20.0
+    deadline_ms: float = 2000.0
+    max_inflight: int = 4096
+    seed: int = 1
+    honor_retry_info: bool = False
+    retry_immediately: bool = False
+    health_check: str | None = None
+    connect_timeout: float = 10.0
+    gateway_metrics: str | None = None
+    worker_metrics: Sequence[str] | None = None
+    mix: Sequence[SloClass] | None = None  # None: one class with deadline_ms
+    max_tokens: tuple[int, int] | None = None  # None: DEFAULT_MAX_TOKENS
+    input_bytes: tuple[int, int] | None = None  # None: 4 to 16 words
+    json: bool = False
+    progress: bool = False
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> LoadOptions:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in vars(args).items() if k in names})
+
+    @property
+    def classes(self) -> tuple[SloClass, ...]:
+        return tuple(self.mix) if self.mix else (SloClass("default", 1.0, self.deadline_ms),)
+
+    @property
+    def mode(self) -> str:
+        mode = f"open loop {self.rate:g} req/s" if self.rate else f"{self.clients} clients"
+        if self.mix:
+            mode += ", mix " + ",".join(f"{c.name}:{c.share:g}:{c.deadline_ms:g}" for c in self.mix)
+        if self.health_check is not None:
+            mode += f", round_robin on health of {self.health_check!r}"
+        if self.honor_retry_info:
+            mode += ", honouring retry advice"
+        elif self.retry_immediately:
+            mode += ", retrying immediately"
+        return mode
+
+    def problem(self) -> str | None:
+        """Why these options cannot run (the command line's wording), or None."""
+        if self.clients < 1 and not self.rate:
+            return "--clients must be at least 1 (or give --rate)"
+        if self.rate < 0:
+            return "--rate must be positive (or leave it out for a closed loop)"
+        if self.seconds <= 0:
+            return "--seconds must be positive"
+        if self.deadline_ms <= 0:
+            return "--deadline-ms must be positive"
+        if self.honor_retry_info and self.retry_immediately:
+            return "--honor-retry-info and --retry-immediately exclude each other"
+        if self.input_bytes is not None and self.input_bytes[1] > MAX_INPUT_BYTES:
+            return f"--input-bytes: at most {MAX_INPUT_BYTES} bytes (the gateway's limit)"
+        return None
+
+
+@dataclass(frozen=True)
+class ClassResult:
+    """One SLO class's figures (see :func:`summarize`'s ``classes``)."""
+
+    name: str
+    share: float
+    deadline_ms: float
+    offered: int
+    succeeded: int
+    on_time: int
+    on_time_share: float  # of offered
+    refused: int
+    admitted_late: int
+    lost: int
+    client_dropped: int
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+
+
+@dataclass(frozen=True)
+class LoadResult:
+    """Every figure of one load test; ``report`` is the ``--json`` object (and more keys)."""
+
+    mode: str
+    report: dict[str, Any]
+    offered: int  # requests begun, plus arrivals the open-loop client dropped
+    requests: int  # requests that ended
+    succeeded: int
+    on_time: int
+    elapsed_s: float  # wall time, including answers still awaited after the window
+    window_s: float  # the arrival window (--seconds)
+    goodput_rps: float  # on-time successes / window_s
+    p50_ms: float
+    p95_ms: float
+    p99_ms: float
+    mean_batch_size: float  # per successful answer (InferResponse.batch.size)
+    gateway_requests_per_batch: float | None  # the gateway's histogram, per dispatch
+    gateway_cpu_ms_per_request: float | None
+    worker_cpu_ms_per_request: float | None
+    admitted: int
+    admitted_late: int
+    admitted_late_share: float
+    classes: tuple[ClassResult, ...]
+
+    @classmethod
+    def from_report(cls, mode: str, report: dict[str, Any]) -> LoadResult:
+        return cls(
+            mode=mode,
+            report=report,
+            offered=report["offered"],
+            requests=report["requests"],
+            succeeded=report["ok"],
+            on_time=report["on_time"],
+            elapsed_s=report["elapsed_s"],
+            window_s=report["window_s"],
+            goodput_rps=report["goodput_window_rps"],
+            p50_ms=report["p50_ms"],
+            p95_ms=report["p95_ms"],
+            p99_ms=report["p99_ms"],
+            mean_batch_size=report["mean_batch_size"],
+            gateway_requests_per_batch=report["gateway_requests_per_batch"],
+            gateway_cpu_ms_per_request=report["gateway_cpu_ms_per_request"],
+            worker_cpu_ms_per_request=report["worker_cpu_ms_per_request"],
+            admitted=report["admitted"],
+            admitted_late=report["admitted_late"],
+            admitted_late_share=report["admitted_late_share"],
+            classes=tuple(ClassResult(**c) for c in report["classes"]),
+        )
+
+
+def _warn(message: str) -> None:
+    print(f"loadtest: {message}", file=sys.stderr)
+
+
+def run_loadtest(options: LoadOptions, *, warn: Callable[[str], None] = _warn) -> LoadResult:
+    """Run one load test against a running gateway and return its figures.
+
+    Raises ValueError for options :meth:`LoadOptions.problem` refuses and ConnectionError when
+    no gateway accepts a connection within ``connect_timeout``. Metrics endpoints that cannot
+    be read are reported through ``warn`` and their figures left out (None).
+    """
+    problem = options.problem()
+    if problem is not None:
+        raise ValueError(problem)
+    before = read_gateway_counters(options.gateway_metrics) if options.gateway_metrics else None
+    if options.gateway_metrics and before is None:
+        warn(
+            f"cannot read http://{options.gateway_metrics}/metrics; running without "
+            "gateway figures (check --gateway-metrics)"
+        )
+    workers = list(options.worker_metrics or ())
+    workers_before = read_workers_cpu(workers)
+    unread = [w for w in workers if w not in workers_before]
+    if unread:
+        warn(
+            f"cannot read the metrics of {', '.join(unread)}; worker CPU leaves them out "
+            "(check --worker-metrics)"
+        )
+    tally = LoadGenerator(options).run()
+    after = (
+        read_gateway_counters(options.gateway_metrics)
+        if before is not None and options.gateway_metrics
+        else None
+    )
+    workers_cpu: float | None = None
+    if workers_before:
+        workers_after = read_workers_cpu(list(workers_before))
+        if workers_after.keys() == workers_before.keys():
+            workers_cpu = sum(workers_after[w] - workers_before[w] for w in workers_before)
+        else:
+            warn("a worker's metrics went away during the run; no worker CPU figure")
+    report = summarize(
+        tally,
+        tally.started,
+        after.minus(before) if after is not None and before else None,
+        classes=options.classes,
+        window_s=options.seconds,
+        workers_cpu_s=workers_cpu,
+    )
+    return LoadResult.from_report(options.mode, report)
+
+
 def run(args: argparse.Namespace) -> int:
-    if args.clients < 1 and not args.rate:
-        print("loadtest: --clients must be at least 1 (or give --rate)", file=sys.stderr)
+    options = LoadOptions.from_args(args)
+    problem = options.problem()
+    if problem is not None:
+        print(f"loadtest: {problem}", file=sys.stderr)
         return 2
-    if args.rate < 0:
-        print(
-            "loadtest: --rate must be positive (or leave it out for a closed loop)", file=sys.stderr
-        )
-        return 2
-    if args.seconds <= 0:
-        print("loadtest: --seconds must be positive", file=sys.stderr)
-        return 2
-    if args.deadline_ms <= 0:
-        print("loadtest: --deadline-ms must be positive", file=sys.stderr)
-        return 2
-    before = read_gateway_counters(args.gateway_metrics) if args.gateway_metrics else None
-    if args.gateway_metrics and before is None:
-        print(
-            f"loadtest: cannot read http://{args.gateway_metrics}/metrics; running without "
-            "gateway figures (check --gateway-metrics)",
-            file=sys.stderr,
-        )
-    gen = LoadGenerator(args)
     try:
-        tally = gen.run()
+        result = run_loadtest(options)
     except ConnectionError as err:
         print(f"loadtest: {err}", file=sys.stderr)
         return 1
-    after = read_gateway_counters(args.gateway_metrics) if before is not None else None
-    report = summarize(
-        tally, tally.started, after.minus(before) if after is not None and before else None
-    )
-    mode = f"open loop {args.rate:g} req/s" if args.rate else f"{args.clients} clients"
-    if args.health_check is not None:
-        mode += f", round_robin on health of {args.health_check!r}"
-    if args.honor_retry_info:
-        mode += ", honouring retry advice"
-    elif args.retry_immediately:
-        mode += ", retrying immediately"
-    if args.json:
-        print(json.dumps({"mode": mode, **report}))
+    if options.json:
+        print(json.dumps({"mode": result.mode, **result.report}))
     else:
-        print(f"halcyon loadtest — {mode}, {args.seconds:g} s against {args.target}")
-        print(render(report))
+        print(f"halcyon loadtest — {result.mode}, {options.seconds:g} s against {options.target}")
+        print(render(result.report))
     return 0

@@ -27,6 +27,7 @@ from typing import Any
 import grpc
 from google.protobuf import json_format
 
+from common import keepalive
 from common.argtypes import hostport, positive, probability
 from common.auth import bearer_metadata
 from common.credentials import DEV_OPERATOR_TOKEN, OPERATOR_TOKEN_ENV
@@ -124,7 +125,8 @@ class Console:
             )
             token = DEV_OPERATOR_TOKEN
         self.metadata = bearer_metadata(token)
-        self.channel = grpc.insecure_channel(args.controller)
+        # Watches stream decisions with long quiet spells: pinged as every fleet channel is.
+        self.channel = grpc.insecure_channel(args.controller, keepalive.client_options())
         self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
         self.timeout = args.timeout
 

@@ -52,6 +52,7 @@ from typing import IO, Any
 
 import grpc
 
+from common import keepalive
 from common.argtypes import hostport, positive, probability
 from common.credentials import DEV_FLEET_TOKEN, DEV_MODE_ENV, FLEET_TOKEN_ENV
 from common.durations import to_duration
@@ -176,7 +177,7 @@ class Load:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self._rate = args.rate
-        self._channel = grpc.insecure_channel(args.gateway)
+        self._channel = grpc.insecure_channel(args.gateway, keepalive.client_options())
         self._stub = infer_pb2_grpc.InferServiceStub(self._channel)
         self._metadata = (("x-api-key", args.api_key),)
         self._model = args.model

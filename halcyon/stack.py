@@ -86,6 +86,7 @@ class ReplicaSpec:
     version: str
     hardware: str
     speed: float
+    threads: int = 1  # --runtime onnx: ONNX Runtime intra-op threads
 
 
 BASE_FLEET = (
@@ -93,6 +94,16 @@ BASE_FLEET = (
     ReplicaSpec("replica-b", "v1", "t4", 0.6),
 )
 CANARY = ReplicaSpec("replica-c", "v2", "h100", 1.6)
+# --runtime onnx: the same generated decoder per version, on unequal CPU budgets (two
+# intra-op threads against one), so the fleet is heterogeneous as the simulated one is. The
+# canary runs other weights (another seed) of the same size: a new version of the model.
+ONNX_FLEET = (
+    ReplicaSpec("replica-a", "v1", "cpu-2t", 1.0, threads=2),
+    ReplicaSpec("replica-b", "v1", "cpu-1t", 1.0, threads=1),
+)
+ONNX_CANARY = ReplicaSpec("replica-c", "v2", "cpu-1t", 1.0, threads=1)
+ONNX_PRESET = "small"
+ONNX_SEEDS = {"v1": 0, "v2": 1}
 
 
 class StackError(RuntimeError):
@@ -172,8 +183,16 @@ class _Signals:
 class Stack:
     """Starts children in dependency order, restarts the ones that die, stops them in reverse."""
 
-    def __init__(self, args: argparse.Namespace, state_dir: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        state_dir: Path,
+        env: dict[str, str],
+        fleet: list[ReplicaSpec] | None = None,
+    ) -> None:
+        """``fleet`` replaces the default fleet of ``args.runtime`` (the sweep's own)."""
         self.args = args
+        self._fleet = fleet
         self.state_dir = state_dir
         self.env = env
         self.signals = _Signals()
@@ -306,7 +325,14 @@ class Stack:
         self._spawn(self.controller)
         controller = self._wait_ready(self.controller)["grpc"]
 
-        fleet = list(BASE_FLEET) + ([CANARY] if a.canary else [])
+        onnx = a.runtime == "onnx"
+        if self._fleet is not None:
+            fleet = list(self._fleet)
+        elif onnx:
+            fleet = list(ONNX_FLEET) + ([ONNX_CANARY] if a.canary else [])
+        else:
+            fleet = list(BASE_FLEET) + ([CANARY] if a.canary else [])
+        models = self._onnx_models(fleet) if onnx else {}
         if a.zero_device_time:
             a.intercept_ms, a.ms_per_token = 0.0, 0.0
         device: list[str] = []
@@ -314,6 +340,11 @@ class Stack:
             device += ["--intercept-ms", str(a.intercept_ms)]
         if a.ms_per_token is not None:
             device += ["--ms-per-token", str(a.ms_per_token)]
+
+        def runtime_flags(spec: ReplicaSpec) -> list[str]:
+            if not onnx:
+                return device
+            return _flags(runtime="onnx", model_file=models[spec.version], threads=spec.threads)
 
         def worker_argv(i: int, spec: ReplicaSpec) -> Callable[[], list[str]]:
             def argv() -> list[str]:
@@ -330,7 +361,7 @@ class Stack:
                         controller=controller,
                         reconnect_max_s=2,
                     ),
-                    *device,
+                    *runtime_flags(spec),
                 ]
 
             return argv
@@ -348,11 +379,29 @@ class Stack:
                 "gateway",
                 *self._serving_flags("gateway", a.gateway_listen, a.gateway_metrics_listen),
                 "--controller", controller,
+                "--batching", a.batching,
             ]  # fmt: skip
 
         self.gateway = self._child("gateway", gateway_argv)
         self._spawn(self.gateway)
         self._wait_ready(self.gateway)
+
+    def _onnx_models(self, fleet: list[ReplicaSpec]) -> dict[str, str]:
+        """The generated decoder of each version in the fleet, made on first use (cached)."""
+        try:
+            from worker.onnx_model import ensure_model
+        except ImportError as exc:  # onnx / onnxruntime not installed
+            raise StackError(
+                f"--runtime onnx needs the onnx and onnxruntime packages ({exc}); "
+                "install them with: pip install 'halcyon[onnx]'"
+            ) from exc
+        models: dict[str, str] = {}
+        for version in sorted({spec.version for spec in fleet}):
+            seed = ONNX_SEEDS.get(version, 0)
+            _say(f"model for {version}: the generated {ONNX_PRESET} decoder, seed {seed} …")
+            models[version] = str(ensure_model(ONNX_PRESET, seed=seed))
+            _say(f"  {models[version]}")
+        return models
 
     # -- supervising ------------------------------------------------------------------------
 
@@ -559,6 +608,16 @@ def remove_stale_state_dirs(tmp: Path | None = None) -> list[Path]:
     return removed
 
 
+def _check_runtime(args: argparse.Namespace) -> None:
+    if args.runtime != "simulated" and (
+        args.zero_device_time or args.intercept_ms is not None or args.ms_per_token is not None
+    ):
+        raise StackError(
+            "--zero-device-time, --intercept-ms and --ms-per-token describe the simulated "
+            f"device; --runtime {args.runtime} measures its real cost instead"
+        )
+
+
 def _check_ports(args: argparse.Namespace) -> None:
     for flag, listen in (
         ("--controller-listen", args.controller_listen),
@@ -621,6 +680,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--canary", action="store_true", help="add a v2 replica on faster hardware")
     parser.add_argument(
+        "--runtime",
+        choices=("simulated", "onnx"),
+        default="simulated",
+        help="what the workers run: the calibrated simulated device, or a real byte-level "
+        "decoder in ONNX Runtime (generated on first use into ~/.cache/halcyon, or "
+        "$HALCYON_CACHE_DIR), on two threads for replica-a and one for replica-b "
+        "(default %(default)s)",
+    )
+    parser.add_argument(
+        "--batching",
+        choices=("halcyon", "fixed", "none"),
+        default="halcyon",
+        help="the gateway's batching: deadline-aware (halcyon), the seed's fixed 32 items / "
+        "25 ms (fixed), or one request per batch (none) (default %(default)s)",
+    )
+    parser.add_argument(
         "--gateway-listen",
         type=hostport,
         metavar="HOST:PORT",
@@ -651,7 +726,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--intercept-ms",
         type=non_negative,
         metavar="MS",
-        help="every worker's fixed cost per batch (default: the worker's, 18)",
+        help="every worker's fixed cost per batch (default: the worker's, 18); a worker "
+        "registers after measuring two warm-up batches, so with 5000 the fleet serves ~10 s "
+        "after start",
     )
     parser.add_argument(
         "--ms-per-token",
@@ -688,6 +765,7 @@ def _make_state_dir(args: argparse.Namespace) -> Path:
 
 def run(args: argparse.Namespace) -> int:
     try:
+        _check_runtime(args)
         _check_ports(args)
         env = _child_env(args)
     except (StackError, CredentialError) as err:

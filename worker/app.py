@@ -3,13 +3,17 @@
 What it decides: the order things happen in a worker's life.
 
 * start: bind (health, reflection, metrics, auth), learn the bound port, fix the replica's
-  identity (id ``worker-<port>`` and advertised address default to the bound ones), become
-  ready, then register with the controller (if one is configured);
+  identity (id ``worker-<port>`` and advertised address default to the bound ones), measure
+  the runtime's warm-up batches (``--no-warm-up`` skips it; readiness stays off meanwhile),
+  become ready, then register with the controller (if one is configured), warm-up included;
 * drain (Drain RPC, the controller's drain command, or SIGTERM): readiness off, refuse new
   batches, finish in-flight ones within the grace — every trigger waits for the same drain.
   The replica stays registered, reporting ``draining``, so it can be put back;
 * undrain (Undrain RPC or the controller's undrain command): readiness on, take batches
   again, report it at once — refused once the process is shutting down;
+* runtime away (its ``ready()`` False: an OIP backend down or its model unloaded): readiness
+  off and deregistered, so gateways stop sending to it; back: readiness on (unless draining)
+  and registered again (:meth:`WorkerApp._follow_runtime`);
 * stop (SIGTERM after its drain, or :meth:`WorkerApp.stop`): deregister, close the server.
 
 Without ``controller`` the worker runs standalone (gateways can still be pointed at it).
@@ -19,14 +23,16 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from opentelemetry import trace
 
 from common.auth import AuthPolicy
 from common.backoff import Backoff
 from common.clock import Clock, MonotonicClock
+from common.cost_samples import MAX_WARMUP_SAMPLES, CostSampleValue
 from common.raw_unary import RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import (
@@ -82,6 +88,8 @@ class WorkerConfig:
     fail_fast_ms: float = 2.0
     slowdown: float = 1.0
     hang_rate: float = 0.0
+    # Measure warm-up batches on the runtime before registering (ModelRuntime.warm_up).
+    warm_up: bool = True
     runtime: RuntimeKind = RuntimeKind.SIMULATED
     onnx: OnnxOptions | None = None
     oip: OipOptions | None = None
@@ -157,6 +165,10 @@ class WorkerApp:
         self.session: ControllerSession | None = None
         self._drain_task: asyncio.Task[DrainResult] | None = None
         self._shutting_down = False
+        self._signals_in_start = False
+        self.warm_up_interrupted = False
+        self._follow_task: asyncio.Task[None] | None = None
+        self.runtime_away = False  # the runtime said not ready: NOT_SERVING, out of the fleet
 
     def _identity_now(self) -> ReplicaIdentity:
         if self.identity is None:
@@ -189,7 +201,14 @@ class WorkerApp:
             hardware=cfg.hardware,
             slots=cfg.slots,
             speed=cfg.speed,
+            runtime=self.runtime.kind,
         )
+        if cfg.warm_up:
+            # Ready and registered only once the cost is measured: a gateway then predicts
+            # this replica's batches from the first one on (ModelRuntime.warm_up).
+            self.identity = replace(self.identity, warmup=await self._warm_up())
+            if self.warm_up_interrupted:
+                return  # SIGTERM while measuring: serve_until_signal shuts down at once
         self.host.set_ready(True)
         _log.info(
             "worker ready",
@@ -205,24 +224,83 @@ class WorkerApp:
             },
         )
         if cfg.controller:
-            identity = self.identity
-            self.session = ControllerSession(
-                target=cfg.controller,
-                fleet_token=cfg.fleet_token,
-                descriptor=identity.to_proto,
-                load=lambda: self.replica.load().to_proto(),
-                on_drain=lambda reason: self.drain(self.config.serving.grace_s, reason),
-                on_undrain=self.undrain,
-                channel_credentials=(
-                    cfg.controller_tls.channel_credentials() if cfg.controller_tls else None
-                ),
-                backoff=cfg.reconnect,
-                rng=SeededRng(cfg.seed + 2),
-                metrics=self.metrics,
-            )
+            self.session = self._new_session()
             self.session.start()
         else:
             _log.info("no --controller given: running standalone, not registered in a fleet")
+        self._follow_task = asyncio.get_running_loop().create_task(
+            self._follow_runtime(), name="worker-follow-runtime"
+        )
+
+    async def _warm_up(self) -> tuple[CostSampleValue, ...]:
+        """The runtime's warm-up, logged. Under :meth:`run_until_signal` a SIGTERM/SIGINT
+        meanwhile ends it at once (a 30 s device's warm-up takes a minute) and shuts down."""
+        started = self._clock.now()
+        measuring = asyncio.ensure_future(self.runtime.warm_up())
+        installed = self._interrupt_on_signal(measuring) if self._signals_in_start else []
+        try:
+            samples = tuple(await measuring)[:MAX_WARMUP_SAMPLES]
+        except asyncio.CancelledError:
+            if not self.warm_up_interrupted:
+                raise
+            _log.info("warm-up interrupted by a signal: shutting down, not registering")
+            return ()
+        finally:
+            loop = asyncio.get_running_loop()
+            for sig in installed:
+                loop.remove_signal_handler(sig)
+        _log.info(
+            "warm-up measured",
+            extra={
+                "runtime": self.runtime.kind,
+                "took_s": round(self._clock.now() - started, 3),
+                "batches": [
+                    {"tokens": s.batch_tokens, "items": s.items, "seconds": round(s.seconds, 6)}
+                    for s in samples
+                ],
+            },
+        )
+        return samples
+
+    def _interrupt_on_signal(
+        self, measuring: asyncio.Future[tuple[CostSampleValue, ...]]
+    ) -> list[signal.Signals]:
+        def interrupt(sig: signal.Signals) -> None:
+            _log.info("signal received during warm-up", extra={"signal": sig.name})
+            self.warm_up_interrupted = True
+            measuring.cancel()
+            self.host.request_shutdown()
+
+        loop = asyncio.get_running_loop()
+        installed = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                loop.add_signal_handler(sig, interrupt, sig)
+                installed.append(sig)
+            except (NotImplementedError, RuntimeError, ValueError):  # not the main thread
+                pass
+        return installed
+
+    def _new_session(self) -> ControllerSession:
+        """A (not yet started) session with the controller: at start, and again each time the
+        runtime comes back after being away (:meth:`_follow_runtime`)."""
+        cfg = self.config
+        assert cfg.controller is not None
+        identity = self._identity_now()
+        return ControllerSession(
+            target=cfg.controller,
+            fleet_token=cfg.fleet_token,
+            descriptor=identity.to_proto,
+            load=lambda: self.replica.load().to_proto(),
+            on_drain=lambda reason: self.drain(self.config.serving.grace_s, reason),
+            on_undrain=self.undrain,
+            channel_credentials=(
+                cfg.controller_tls.channel_credentials() if cfg.controller_tls else None
+            ),
+            backoff=cfg.reconnect,
+            rng=SeededRng(cfg.seed + 2),
+            metrics=self.metrics,
+        )
 
     async def drain(self, grace_s: float, reason: str = "drain requested") -> DrainResult:
         """Readiness off, finish or cancel in-flight batches; stay registered as draining.
@@ -264,7 +342,7 @@ class WorkerApp:
             return False
         self._drain_task = None
         self.metrics.draining.set(0)
-        self.host.set_ready(True)
+        self.host.set_ready(not self.runtime_away)
         if self.session is not None:
             self.session.send_heartbeat_now()  # gateways route to it again from this beat
         _log.info("undrained", extra={"reason": reason})
@@ -272,6 +350,7 @@ class WorkerApp:
 
     async def stop(self) -> None:
         self._shutting_down = True
+        await self._stop_following()
         if self.session is not None:
             await self.session.close()
         await self.host.stop()
@@ -279,12 +358,14 @@ class WorkerApp:
 
     async def run_until_signal(self, after_start: Callable[[], None] | None = None) -> None:
         """Start, serve until SIGTERM/SIGINT, then drain within the grace and stop."""
+        self._signals_in_start = True  # a signal during the warm-up ends it (see _warm_up)
         await self.start()
         if after_start is not None:
             after_start()
         await self.host.serve_until_signal(
             on_shutdown=lambda: self._drain_for_shutdown(self.config.serving.grace_s)
         )
+        await self._stop_following()
         if self.session is not None:
             await self.session.close()
         await self.runtime.close()
@@ -294,3 +375,40 @@ class WorkerApp:
         await self.drain(grace_s, "shutting down")
         if self.session is not None:
             await self.session.close()  # deregister: the controller removes it at once
+
+    # -- following the runtime's readiness (a remote backend's) ------------------------------
+
+    async def _follow_runtime(self, interval_s: float = 0.2) -> None:
+        """Readiness follows the runtime's (an OIP backend's; in-process runtimes are always
+        ready). When it goes away: health readiness NOT_SERVING and the session is closed —
+        a clean deregistration, so the controller drops the replica at once and gateways stop
+        sending to it. When it is back: SERVING again (unless draining) and a new session
+        registers the same replica. In-flight batches are not touched: a backend that died
+        under them fails them as device faults, and the gateway retries them elsewhere."""
+        while not self._shutting_down:
+            await asyncio.sleep(interval_s)
+            ready = self.runtime.ready()
+            if ready != self.runtime_away or self._shutting_down:
+                continue  # no change
+            self.runtime_away = not ready
+            if not ready:
+                _log.warning(
+                    "model runtime not ready: leaving the fleet until it is back",
+                    extra={"runtime": self.runtime.kind},
+                )
+                self.host.set_ready(False)
+                session, self.session = self.session, None
+                if session is not None:
+                    await session.close()
+                continue
+            _log.info("model runtime ready again: rejoining", extra={"runtime": self.runtime.kind})
+            self.host.set_ready(self._drain_task is None)
+            if self.config.controller and self.session is None and not self._shutting_down:
+                self.session = self._new_session()
+                self.session.start()
+
+    async def _stop_following(self) -> None:
+        task, self._follow_task = self._follow_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from common.cost_samples import CostSampleValue
 from halcyon.v1 import fleet_pb2
 
 __all__ = ["LoadSnapshot", "ReplicaIdentity"]
@@ -25,6 +26,9 @@ class ReplicaIdentity:
     hardware: str
     slots: int
     speed: float
+    runtime: str = ""  # ModelRuntime.kind
+    # Batches measured on the runtime before registering (ModelRuntime.warm_up).
+    warmup: tuple[CostSampleValue, ...] = ()
 
     def to_proto(self) -> fleet_pb2.ReplicaDescriptor:
         return fleet_pb2.ReplicaDescriptor(
@@ -35,6 +39,8 @@ class ReplicaIdentity:
             hardware=self.hardware,
             slots=self.slots,
             speed=self.speed,
+            runtime=self.runtime,
+            warmup=[sample.to_proto() for sample in self.warmup],
         )
 
 

@@ -135,6 +135,22 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="NAME",
         help="--runtime oip: BYTES output holding each generated text (default %(default)s)",
     )
+    runtime.add_argument(
+        "--backend-start-timeout",
+        type=positive,
+        default=30.0,
+        metavar="SECONDS",
+        help="--runtime oip: how long to wait at start for the backend and its model to be "
+        "ready before exiting with an error (default %(default)s)",
+    )
+    runtime.add_argument(
+        "--backend-timeout",
+        type=positive,
+        default=120.0,
+        metavar="SECONDS",
+        help="--runtime oip: timeout of one ModelInfer call; a cancelled batch (deadline, "
+        "hedge) cancels its call sooner (default %(default)s)",
+    )
     device = parser.add_argument_group("simulated device")
     device.add_argument(
         "--speed",
@@ -179,6 +195,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
         type=hostport,
         metavar="HOST:PORT",
         help="address gateways should dial (default: the bound --listen address)",
+    )
+    fleet.add_argument(
+        "--warm-up",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="before registering, run a few small batches on the runtime and send what they "
+        "cost with the registration, so gateways predict this replica's batches (and give a "
+        "slow device the time it needs) from its first request on; it costs about two of the "
+        "device's fixed batch costs — a device whose batches take 5 s registers ~10 s after "
+        "start (default: on; --no-warm-up registers at once and the gateway learns the cost "
+        "from the first batch)",
     )
     fleet.add_argument(
         "--reconnect-max-s",
@@ -258,6 +285,8 @@ def _runtime_options(
             input_name=args.input_tensor,
             max_tokens_name=args.max_tokens_tensor,
             output_name=args.output_tensor,
+            start_timeout_s=args.backend_start_timeout,
+            call_timeout_s=args.backend_timeout,
         )
     return kind, onnx, oip
 
@@ -291,6 +320,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
         fail_fast_ms=args.fail_fast_ms,
         slowdown=args.slowdown,
         hang_rate=args.hang_rate,
+        warm_up=args.warm_up,
         runtime=kind,
         onnx=onnx,
         oip=oip,

@@ -21,11 +21,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from common.clock import Clock, MonotonicClock
+from common.cost_samples import CostSampleValue
 from common.rng import Rng, SeededRng
-from worker.faults import FaultInjector, FaultKind
+from worker.faults import FaultInjector, FaultKind, FaultPlan
 
 __all__ = [
     "MAX_OUTPUT_WORDS",
+    "WARMUP_BATCHES",
+    "CostSampleValue",
     "DeviceFault",
     "ItemOutput",
     "ModelRuntime",
@@ -36,6 +39,7 @@ __all__ = [
     "WorkItem",
     "batch_tokens",
     "generate_text",
+    "samples_from_tuples",
 ]
 
 # Generated text is a short stand-in: at most this many words, however many tokens were asked.
@@ -107,6 +111,24 @@ class ModelRuntime(Protocol):
     connects and checks the model contract (raises :class:`RuntimeStartError`); ``ready``
     says whether it can take a batch now (a remote backend's readiness; always True
     in-process); ``close`` releases what ``start`` took.
+
+    ``warm_up`` (after ``start``, before the worker registers) runs or reports a few real
+    batches of different sizes and returns what each cost, as :class:`CostSampleValue`
+    (items, batch tokens, longest output budget, device seconds). The worker sends them with
+    its registration and every gateway seeds the replica's cost model from them, so the first
+    request already has a prediction of the replica's *real* cost — a device whose batches
+    take 30 s is then given 30 s and more, not timed out by a guess. Rules:
+
+    * at least two batches of different work tokens (one pins only the cost at one size),
+      small ones (the warm-up of a slow device costs about two of its fixed costs), at most
+      ``MAX_WARMUP_SAMPLES`` (8);
+    * never with injected faults (fail, hang): a ``--fail-rate 1`` worker must register;
+    * ``()`` is allowed (nothing measured): gateways then give the replica's first batch
+      until its requests must be answered, and learn from it.
+
+    A runtime that already measured batches in ``start`` (ONNX, OIP: ``warmup_samples`` of
+    ``(items, batch_tokens, longest_output, seconds)``) returns them:
+    ``return samples_from_tuples(self.warmup_samples)``.
     """
 
     kind: str
@@ -132,10 +154,39 @@ class ModelRuntime(Protocol):
         the backend refuses it as overloaded; cancellable at any await."""
         ...
 
+    async def warm_up(self) -> tuple[CostSampleValue, ...]:
+        """Measured warm-up batches (see the class docstring); no injected faults."""
+        ...
+
 
 def batch_tokens(items: Sequence[WorkItem]) -> int:
     """Work tokens of a batch: every item's prompt plus its generation budget."""
     return sum(item.input_tokens + item.max_output_tokens for item in items)
+
+
+def samples_from_tuples(
+    samples: Sequence[tuple[int, int, int, float]],
+) -> tuple[CostSampleValue, ...]:
+    """``(items, batch_tokens, longest_output, seconds)`` tuples as warm-up samples."""
+    return tuple(
+        CostSampleValue(
+            items=int(items),
+            batch_tokens=int(tokens),
+            longest_output_tokens=int(longest),
+            seconds=float(seconds),
+        )
+        for items, tokens, longest, seconds in samples
+    )
+
+
+# The simulated device's warm-up: (input tokens, max output tokens) per item, per batch. Two
+# small batches of different work (16 and 2,048 tokens: 18 and 63 ms on the default device),
+# so a device whose fixed cost is 5 s registers after ~10 s, and the per-token cost is seen
+# over a span wide enough that one batch's jitter does not pass for a slope.
+WARMUP_BATCHES: tuple[tuple[tuple[int, int], ...], ...] = (
+    ((8, 8),),
+    ((32, 224),) * 8,
+)
 
 
 def generate_text(prompt: str, output_tokens: int) -> str:
@@ -207,10 +258,35 @@ class SimulatedDevice:
         u = self._rng.random()
         return self.estimate_s(batch_tokens) * (1.0 + (2.0 * u - 1.0) * self.jitter)
 
+    async def warm_up(self) -> tuple[CostSampleValue, ...]:
+        """Runs :data:`WARMUP_BATCHES` for real (jitter included), without fail or hang
+        faults; a ``--slowdown`` applies, as it would to a degraded device's own warm-up."""
+        plan = FaultPlan(
+            FaultKind.NONE, slowdown=self._faults.slowdown if self._faults is not None else 1.0
+        )
+        samples = []
+        for n, batch in enumerate(WARMUP_BATCHES):
+            items = [
+                WorkItem(f"warm-up-{n}-{i}", "warm up", input_tokens, output_tokens)
+                for i, (input_tokens, output_tokens) in enumerate(batch)
+            ]
+            result = await self._run(items, plan)
+            samples.append(
+                CostSampleValue(
+                    items=len(items),
+                    batch_tokens=result.batch_tokens,
+                    longest_output_tokens=max(item.max_output_tokens for item in items),
+                    seconds=result.device_time_s,
+                )
+            )
+        return tuple(samples)
+
     async def execute(self, items: Sequence[WorkItem]) -> RuntimeResult:
+        return await self._run(items, self._faults.plan() if self._faults is not None else None)
+
+    async def _run(self, items: Sequence[WorkItem], plan: FaultPlan | None) -> RuntimeResult:
         tokens = batch_tokens(items)
         started = self._clock.now()
-        plan = self._faults.plan() if self._faults is not None else None
         if plan is not None and plan.kind is FaultKind.FAIL:
             await self._sleep(plan.fail_after_s)
             raise DeviceFault("injected device fault")

@@ -45,6 +45,8 @@ class OipOptions:
     max_tokens_name: str = "max_tokens"
     output_name: str = "text_output"
     readiness_interval_s: float = 1.0
+    start_timeout_s: float = 30.0  # how long start waits for ServerReady and ModelReady
+    call_timeout_s: float = 120.0  # a ModelInfer's own bound (cancellation ends it sooner)
 
 
 @dataclass(frozen=True)

@@ -8,9 +8,10 @@ replicas, several slots each) and the benchmark simulator (one device, one slot)
 knows about gRPC, asyncio or the wall clock.
 
 Modules: ``batcher`` (the policy object), ``planner`` (the batched Moore–Hodgson plan),
-``cost_model`` (per-replica non-negative RLS), ``horizon`` (how long one batch may run, and which
-deadline class that protects), ``shed_threshold`` (the admission size limit under sustained
-overload), ``deadline_mix`` (the recent arrival mix), ``records`` (the vocabulary), ``config``.
+``cost_model`` (per-replica non-negative RLS of the per-batch, per-token and per-decode-step
+costs), ``horizon`` (how long one batch may run, and which deadline class that protects),
+``shed_threshold`` (the admission size limit under sustained overload), ``deadline_mix`` (the
+recent arrival mix), ``records`` (the vocabulary), ``config``.
 
 Usage from an asyncio gateway (one batcher per (model, version); ``answer_*`` are the
 servicer's own helpers)::
@@ -20,7 +21,9 @@ servicer's own helpers)::
     batcher.add_replica("gpu-b", slots=1, cost_model=OnlineCostModel(0.030, 0.00009))
 
     # (a) admission: an immediate, typed answer
-    result = batcher.submit(handle, tokens=n, deadline=clock.now() + budget_s, lane=Lane.BULK)
+    result = batcher.submit(                              # tokens: input + output budget
+        handle, tokens=n, output_tokens=max_out, deadline=clock.now() + budget_s, lane=Lane.BULK
+    )
     if isinstance(result, Rejected):
         answer_rejected(handle, result.reason, result.predicted_completion, result.retry_after)
 

@@ -24,8 +24,13 @@ What it decides, for every request and every free replica slot:
   replicas while any other replica is in service, and planned normally everywhere else. A
   replica that failed one request's batch keeps serving everyone else's (ADR 0011); with no
   other replica left, a retry where it failed beats no retry.
-* **Learning**: ``complete`` feeds the measured device time to that replica's own
+* **Learning**: ``complete`` feeds the measured device time (with the batch's tokens and
+  longest output budget) to that replica's own
   :class:`~gateway.batching.cost_model.OnlineCostModel`.
+* **Pricing**: every batch cost is the cost model's ``(intercept + step × longest) + slope ×
+  tokens``, where ``longest`` is the batch's largest output budget (``submit(output_tokens=)``;
+  0 when unknown): an autoregressive batch decodes until its longest output is done, so a
+  request that lengthens the decode pays ``step`` per extra step on top of its tokens.
 * **Shutdown**: ``close`` stops admission (queued work keeps being dispatched); ``drain``
   returns everything still queued. Nothing is dropped silently.
 
@@ -58,6 +63,7 @@ from gateway.batching.planner import (
     Plan,
     PlannedBatch,
     SlotView,
+    member_saving,
     overtake_delay,
     overtake_slope,
     plan_batches,
@@ -207,7 +213,9 @@ class DeadlineBatcher(Generic[P]):
                     existing.model
                     if existing is not None
                     else OnlineCostModel(
-                        self._cfg.prior_intercept_s, self._cfg.prior_slope_s_per_token
+                        self._cfg.prior_intercept_s,
+                        self._cfg.prior_slope_s_per_token,
+                        prior_step_s=self._cfg.prior_step_s,
                     )
                 )
             replica: _Replica[P] = _Replica(replica_id, slots, model)
@@ -261,14 +269,19 @@ class DeadlineBatcher(Generic[P]):
         deadline: float,
         lane: Lane = Lane.INTERACTIVE,
         avoid: frozenset[str] = frozenset(),
+        output_tokens: int = 0,
     ) -> Accepted[P] | Rejected:
         """Queues a request, or refuses it at once with a typed reason.
 
+        ``tokens`` is its work (input plus output budget); ``output_tokens`` its output budget
+        alone (0 when unknown), which decides how many decode steps a batch holding it runs.
         ``avoid`` names replicas the request must not be batched onto while another replica is
         in service (those its earlier attempts failed on).
         """
         if tokens < 1:
             raise ValueError(f"a request needs at least one token, got {tokens}")
+        if output_tokens < 0:
+            raise ValueError(f"an output budget cannot be negative, got {output_tokens}")
         now = self._clock.now()
         if self._closed:
             return self._reject(DropReason.CLOSED, None, None)
@@ -282,6 +295,8 @@ class DeadlineBatcher(Generic[P]):
             self._largest_seen = tokens
         self._seq += 1
         item = BatchItem(payload, tokens, deadline, lane, now, self._seq)
+        if output_tokens:
+            item.output_tokens = output_tokens
         if deadline <= now:
             return self._reject(
                 DropReason.DEADLINE_UNREACHABLE, now, None, PredictionParts(deadline - now)
@@ -319,20 +334,23 @@ class DeadlineBatcher(Generic[P]):
 
         ``x`` lands in the planned batch its EDF position falls into. Its completion is then at
         least that batch's start plus the cost of the members ahead of it and its own tokens
-        (members with later deadlines can be moved to the next batch, so they do not count),
-        plus the batch's margin and the expected overtaking delay. A newcomer due after
-        everything planned joins the last batch if it fits there, or opens one after it.
-        On success the cached plan grows in place (later batches on the same slot shift by
-        its marginal cost); on failure, a larger request ahead may be shed in its favour.
+        (members with later deadlines can be moved to the next batch, so they do not count) —
+        decoding for the longest output among them and ``x`` — plus the batch's margin and the
+        expected overtaking delay. A newcomer due after everything planned joins the last
+        batch if it fits there, or opens one after it. On success the cached plan grows in
+        place (later batches on the same slot shift by its marginal cost, decode steps
+        included); on failure, a larger request ahead may be shed in its favour.
         """
         batches = plan.batches
         bulk = x.lane is _BULK
         w = x.tokens
+        o = x.output_tokens
         d = x.deadline
         key = (1 if bulk else 0, d)
         j = -1
         target: PlannedBatch[P] | None = None
         ahead_tokens = 0
+        ahead_longest = 0  # the largest output budget among the members ahead of x
         priced = -1  # the slot whose model's coefficients are loaded below
         if batches and batches[-1].last_key >= key:
             for idx, pb in enumerate(batches):
@@ -340,15 +358,28 @@ class DeadlineBatcher(Generic[P]):
                     j = idx
                     break
             target = batches[j]
-            for item in target.items:
-                if item.deadline <= d and (bulk or item.lane is not _BULK or item.promoted):
-                    ahead_tokens += item.tokens
+            priced = target.slot
+            intercept, slope, step, factor = self._plan_slots[priced].model.coefficients()
+            if step > 0.0:
+                for item in target.items:
+                    if item.deadline <= d and (bulk or item.lane is not _BULK or item.promoted):
+                        ahead_tokens += item.tokens
+                        if item.output_tokens > ahead_longest:
+                            ahead_longest = item.output_tokens
+            else:
+                for item in target.items:
+                    if item.deadline <= d and (bulk or item.lane is not _BULK or item.promoted):
+                        ahead_tokens += item.tokens
         elif batches:
             last = batches[-1]
             priced = last.slot
-            intercept, slope, factor = self._plan_slots[priced].model.coefficients()
-            cost = last.cost + slope * w
-            grow = slope * w * factor
+            intercept, slope, step, factor = self._plan_slots[priced].model.coefficients()
+            if step > 0.0 and o > last.longest:  # x makes the batch decode longer
+                added = slope * w + step * (o - last.longest)
+            else:
+                added = slope * w
+            cost = last.cost + added
+            grow = added * factor
             cfg = self._cfg
             # min(last.min_deadline, d), spelled out: on this per-request path a builtin call
             # costs more than the comparison (and the result is the same, ties included).
@@ -362,6 +393,7 @@ class DeadlineBatcher(Generic[P]):
                 target = last
                 j = len(batches) - 1
                 ahead_tokens = last.tokens
+                ahead_longest = last.longest
         if target is not None:
             s = target.slot
             start = target.start
@@ -376,8 +408,12 @@ class DeadlineBatcher(Generic[P]):
             start = now if now > free[s] else free[s]  # max(free[s], now)
             variance = plan.variance_after[s]
         if s != priced:
-            intercept, slope, factor = self._plan_slots[s].model.coefficients()
-        cost = intercept + slope * (ahead_tokens + w)
+            intercept, slope, step, factor = self._plan_slots[s].model.coefficients()
+        decode = o if o > ahead_longest else ahead_longest  # x's batch decodes this long
+        if step > 0.0:
+            cost = (intercept + step * decode) + slope * (ahead_tokens + w)
+        else:
+            cost = intercept + slope * (ahead_tokens + w)
         margin = (factor - 1.0) * cost
         upper = start + cost + math.sqrt(variance + margin * margin)
         if start > now:
@@ -388,7 +424,8 @@ class DeadlineBatcher(Generic[P]):
             # The expected overtaking delay is at most 9 waits (ρ ≤ 0.9 in overtake_delay):
             # when even 10 fit, it cannot change the verdict below, so it is not computed.
             if bounds and upper + 10.0 * wait > d:
-                o_slope = overtake_slope(intercept, slope, self._horizon, self._slots_total)
+                fixed = intercept + step * self._plan_slots[s].model.mean_longest
+                o_slope = overtake_slope(fixed, slope, self._horizon, self._slots_total)
                 upper += overtake_delay(bounds, rates, o_slope, d - now, wait)
         if upper > d and self._risk_ok and start + cost <= d:
             upper = d  # spare capacity: try it on the expected cost (see ``plan_batches``)
@@ -402,28 +439,45 @@ class DeadlineBatcher(Generic[P]):
                 ]
             else:
                 ahead = [item for pb in batches for item in pb.items]
-            victim = self._swap_victim(ahead, x, upper - d, slope)
+            victim = self._swap_victim(plan, ahead, x, upper - d, slope, step)
             if victim is None:
                 return self._reject(
                     DropReason.DEADLINE_UNREACHABLE,
                     upper,
                     max(0.0, start - now),
                     self._unreachable_parts(
-                        x, now, batches, s, start, intercept, slope, upper, target
+                        x, now, batches, s, start, intercept, slope, step, upper, target
                     ),
                 )
             in_target = target is not None and victim in target.items
             saved = self._shed_from_plan(plan, victim)
             self._note_forced(victim.tokens)
-            if in_target:
-                cost -= saved
+            if in_target and target is not None:
+                # x's own prefix of the batch loses the victim's tokens, and the decode steps
+                # by which the victim was the longest of that prefix (not of the whole batch).
+                if step > 0.0 and victim.output_tokens >= decode:
+                    rest = o
+                    for item in target.items:
+                        if (
+                            item.deadline <= d
+                            and (bulk or item.lane is not _BULK or item.promoted)
+                            and item.output_tokens > rest
+                        ):
+                            rest = item.output_tokens
+                    cost -= slope * victim.tokens + step * (decode - rest)
+                else:
+                    cost -= slope * victim.tokens
             else:
                 start -= saved
         expected = start + cost
         if target is not None:
             # x joins ``target``; later batches on the same slot start later by its marginal
-            # cost.
-            added = slope * w
+            # cost (its tokens, and the decode steps by which it outlasts the batch).
+            if o > target.longest:
+                added = slope * w + step * (o - target.longest) if step > 0.0 else slope * w
+                target.longest = o
+            else:
+                added = slope * w
             target.items.append(x)
             target.tokens += w
             target.cost += added
@@ -439,22 +493,23 @@ class DeadlineBatcher(Generic[P]):
         else:
             margin = (factor - 1.0) * cost
             upper = start + cost + math.sqrt(variance + margin * margin)
-            batches.append(PlannedBatch(s, start, variance, [x], w, cost, upper, d, key))
+            batches.append(PlannedBatch(s, start, variance, [x], w, cost, upper, d, key, o))
             plan.free_after[s] = start + cost
             plan.variance_after[s] = variance + margin * margin
         return expected
 
     def _admit_alone(self, x: BatchItem[P], now: float) -> float | Rejected:
         best: OnlineCostModel | None = None
+        w, o = x.tokens, x.output_tokens
         for replica in self._replicas.values():
             if replica.free_slots() > 0 and (
-                best is None or replica.model.predict(x.tokens) < best.predict(x.tokens)
+                best is None or replica.model.predict(w, o) < best.predict(w, o)
             ):
                 best = replica.model
         assert best is not None  # callers check a free slot exists
         # An idle slot means nothing else is waiting: a request that makes its deadline on
         # the expected cost is worth trying even if the conservative estimate says no.
-        expected = now + best.predict(x.tokens)
+        expected = now + best.predict(w, o)
         if expected > x.deadline:
             own = expected - now
             return self._reject(
@@ -468,18 +523,27 @@ class DeadlineBatcher(Generic[P]):
 
     def _swap_victim(
         self,
+        plan: Plan[P],
         candidates: list[BatchItem[P]],
         x: BatchItem[P],
         overrun: float,
         slope: float,
+        step: float,
     ) -> BatchItem[P] | None:
         """A queued request ahead of ``x`` to shed so that ``x`` fits, if that trade is better.
 
         On-time requests: the largest request ahead, if it is larger than ``x`` and its
         removal buys back the overrun. On-time tokens: the smallest request ahead that buys it
-        back and is still smaller than ``x``.
+        back and is still smaller than ``x``. With a decode-step cost, "larger" is the most a
+        request can add to a batch (``slope × tokens + step × output``) and what its removal
+        buys is judged against its planned batch (its tokens, plus the decode steps by which
+        it is that batch's longest).
         """
-        if slope <= 0.0 or not candidates:
+        if not candidates:
+            return None
+        if step > 0.0:
+            return self._swap_victim_decoding(plan, candidates, x, overrun, slope, step)
+        if slope <= 0.0:
             return None
         need = overrun / slope  # tokens that must leave the work ahead of x
         if self._cfg.objective is Objective.ON_TIME_REQUESTS:
@@ -493,6 +557,41 @@ class DeadlineBatcher(Generic[P]):
                 found = item
         return found
 
+    def _swap_victim_decoding(
+        self,
+        plan: Plan[P],
+        candidates: list[BatchItem[P]],
+        x: BatchItem[P],
+        overrun: float,
+        slope: float,
+        step: float,
+    ) -> BatchItem[P] | None:
+        """``_swap_victim`` on a device whose batches pay per decode step (``step > 0``)."""
+
+        def buys(item: BatchItem[P]) -> bool:
+            if slope * item.tokens + step * item.output_tokens < overrun:
+                return False  # not even its whole cost bound
+            for pb in plan.batches:
+                if item in pb.items:
+                    return member_saving(pb.items, item, slope, step) >= overrun
+            return False  # pragma: no cover - candidates come from the plan
+
+        if self._cfg.objective is Objective.ON_TIME_REQUESTS:
+            best = max(candidates, key=lambda i: slope * i.tokens + step * i.output_tokens)
+            size = slope * best.tokens + step * best.output_tokens
+            if size <= slope * x.tokens + step * x.output_tokens or not buys(best):
+                return None
+            return best
+        found: BatchItem[P] | None = None
+        for item in candidates:
+            if (
+                item.tokens < x.tokens
+                and (found is None or item.tokens < found.tokens)
+                and buys(item)
+            ):
+                found = item
+        return found
+
     def _shed_from_plan(self, plan: Plan[P], victim: BatchItem[P]) -> float:
         """Sheds ``victim`` and shortens the cached plan; returns the seconds it saves."""
         idx = next((i for i, pb in enumerate(plan.batches) if victim in pb.items), -1)
@@ -500,9 +599,16 @@ class DeadlineBatcher(Generic[P]):
             raise RuntimeError("victim not in plan")
         pb = plan.batches[idx]
         model = self._plan_slots[pb.slot].model
-        pb.items.remove(victim)
+        step = model.step
+        if step > 0.0:
+            saved = member_saving(pb.items, victim, model.slope, step)
+            pb.items.remove(victim)
+            if victim.output_tokens >= pb.longest:
+                pb.longest = max(map(_OUTPUT, pb.items), default=0)
+        else:
+            pb.items.remove(victim)
+            saved = model.slope * victim.tokens
         pb.tokens -= victim.tokens
-        saved = model.slope * victim.tokens
         pb.cost -= saved
         pb.upper_end -= saved * model.upper_factor
         for later in plan.batches[idx + 1 :]:
@@ -661,7 +767,7 @@ class DeadlineBatcher(Generic[P]):
     def complete(self, batch: Batch[P] | int, measured_seconds: float) -> None:
         """A batch finished: its slot frees and its replica's cost model learns the timing."""
         replica, found = self._finish(batch)
-        replica.model.observe(found.tokens, measured_seconds)
+        replica.model.observe(found.tokens, measured_seconds, found.longest)
         self._completed += 1
 
     def fail(self, batch: Batch[P] | int, *, requeue: bool = False) -> list[BatchItem[P]]:
@@ -834,6 +940,7 @@ class DeadlineBatcher(Generic[P]):
         start: float,
         intercept: float,
         slope: float,
+        step: float,
         upper: float,
         target: PlannedBatch[P] | None,
     ) -> PredictionParts:
@@ -851,6 +958,7 @@ class DeadlineBatcher(Generic[P]):
         queued_ahead = max(0.0, start - now - on_device)
         mates = 0
         shared_tokens = 0
+        shared_longest = 0
         if target is not None:
             bulk = x.lane is _BULK
             for item in target.items:
@@ -859,8 +967,15 @@ class DeadlineBatcher(Generic[P]):
                 ):
                     mates += 1
                     shared_tokens += item.tokens
-        own = intercept + slope * x.tokens
+                    if item.output_tokens > shared_longest:
+                        shared_longest = item.output_tokens
+        o = x.output_tokens
+        # Its own batch alone (decoding its own output), and what sharing adds: the mates'
+        # tokens and the decode steps by which their longest output outlasts its own.
+        own = (intercept + step * o) + slope * x.tokens
         sharing = slope * shared_tokens
+        if shared_longest > o:
+            sharing += step * (shared_longest - o)
         return PredictionParts(
             deadline_in=x.deadline - now,
             on_device=on_device,
@@ -989,7 +1104,11 @@ class DeadlineBatcher(Generic[P]):
         if cfg.horizon_s is not None:
             self._horizon = cfg.horizon_s
             return
-        intercept, slope, factor = views[0].model.coefficients()
+        model = views[0].model
+        intercept, slope, step, factor = model.coefficients()
+        # The horizon's fluid estimates price a batch as ``fixed + slope × tokens``: with a
+        # decode loop its fixed part includes the steps of a typical batch's longest output.
+        intercept = intercept + step * model.mean_longest
         rechoose = self._protected is None or (
             self._mix.added - self._protected_at >= _RECHOOSE_EVERY
             # Early on, while the window fills, re-choose as often as it doubles.
@@ -1026,18 +1145,26 @@ class DeadlineBatcher(Generic[P]):
         can finish as soon as the fast replica would, instead of the whole queue at its own
         slow pace; the rest waits for the faster one. ``inf`` when ``replica`` is the fastest
         (or alone), so a single device is never affected."""
-        tokens = self._queued_tokens
-        fastest: float | None = None
         active = 0
         for other in self._replicas.values():
             if not other.removed:
                 active += 1
-                predicted = other.model.predict(tokens)
+        if active < 2:
+            return math.inf
+        tokens = self._queued_tokens
+        # Everything queued as one batch decodes for the longest output queued.
+        longest = max(
+            max(map(_OUTPUT, self._int), default=0), max(map(_OUTPUT, self._bulk), default=0)
+        )
+        fastest: float | None = None
+        for other in self._replicas.values():
+            if not other.removed:
+                predicted = other.model.predict(tokens, longest)
                 if fastest is None or predicted < fastest:
                     fastest = predicted
-        if active < 2 or fastest is None:
+        if fastest is None:  # pragma: no cover - two active replicas were just counted
             return math.inf
-        own = replica.model.predict(tokens)
+        own = replica.model.predict(tokens, longest)
         return math.inf if own <= fastest else fastest
 
     def _replan(
@@ -1122,3 +1249,4 @@ class DeadlineBatcher(Generic[P]):
 _FREE_AT = attrgetter("free_at")
 _ARRIVAL = attrgetter("arrival")
 _TOKENS = attrgetter("tokens")
+_OUTPUT = attrgetter("output_tokens")

@@ -40,6 +40,8 @@ class BatcherConfig:
     # Prior for replicas added without their own cost model (refined by every batch).
     prior_intercept_s: float = 0.010
     prior_slope_s_per_token: float = 0.00005
+    # Seconds per decode step of a batch's longest output (0: learned from data alone).
+    prior_step_s: float = 0.0
 
     def __post_init__(self) -> None:
         if self.tick_s <= 0:

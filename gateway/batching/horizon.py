@@ -24,6 +24,12 @@ How:
   class well (and 60 ms requests when there is slack) wins instead. No share threshold, no SLO
   configured: only the observed mix and the learned cost model.
 
+* **A batch's fixed cost.** The fluid estimates price a batch as ``a + b × tokens``. On a device
+  whose batches decode (a per-step cost, see ``cost_model``) a batch's fixed part also holds
+  the decode steps of its longest output, so the batcher passes ``a = intercept + step ×`` the
+  recent mean longest output of its batches (the intercept alone on a device without a decode
+  loop).
+
 Cost: the choice is re-made once per window of arrivals, in two sorts of the window plus
 prefix sums (``O(n log n)``), not a pass over the window per candidate class.
 """

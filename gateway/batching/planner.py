@@ -20,8 +20,10 @@ Why this shape:
 * **Moore–Hodgson, batched.** Maximising the number of on-time jobs on one machine is solved
   optimally by walking jobs in EDF order and, whenever the running schedule misses a deadline,
   dropping the longest job scheduled so far. Here "longest" is the most tokens (a batch's cost
-  is affine, so removing a member saves its marginal cost, or the whole batch if it was
-  alone), and the walk continues from the shortened schedule instead of restarting. For the
+  is affine in its tokens, so removing a member saves its marginal cost, or the whole batch if
+  it was alone) — or, on a device with a per-decode-step cost, the most ``slope × tokens +
+  step × output``, the member's cost bound — and the walk continues from the shortened
+  schedule instead of restarting. For the
   on-time-tokens objective the rule changes to: drop the *smallest* request whose removal
   alone repairs the overrun (the newcomer always qualifies), so large requests are not
   systematically the ones shed. Unpromoted bulk work is always shed before interactive work.
@@ -29,6 +31,13 @@ Why this shape:
   (protecting it would cost more than it saves, see ``horizon``), its requests are served when
   a batch happens to end in time for them, but they never cut a batch short nor make others be
   shed for them: under backlog a batch that outgrows their deadline sheds them instead.
+* **A batch decodes for its longest output.** Its cost is ``(intercept + step × longest) +
+  slope × tokens`` (see ``cost_model``), so growing it by a request of ``w`` tokens and output
+  budget ``o`` costs ``slope × w + step × max(0, o − longest)``: not additive in its members.
+  The open batch keeps its ``longest`` and prices each candidate against it; a member's removal
+  re-derives the batch's ``longest`` from those that stay. When no slot prices a decode step
+  (a device without a decode loop), output budgets change nothing and are not read at all —
+  the plan is then exactly the two-term model's, at the two-term model's cost.
 * **Conservative where lateness costs.** Each slot's chain of batches is timed with expected
   costs, and every completion is checked against expected time plus a margin that grows like
   the square root of the summed per-batch spread (independent errors add in quadrature), so a
@@ -45,7 +54,7 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from itertools import chain
 from typing import Generic
@@ -79,6 +88,8 @@ class PlannedBatch(Generic[P]):
     # Ordering key of the last member ((0, deadline) interactive, (1, deadline) bulk), so the
     # batcher can tell which planned batch a newcomer would fall into.
     last_key: tuple[int, float]
+    # The largest output budget among its items: the decode steps it runs.
+    longest: int = 0
 
 
 @dataclass(slots=True)
@@ -144,20 +155,30 @@ def plan_batches(
     var: list[float] = []
     intercepts: list[float] = []
     slopes: list[float] = []
+    steps: list[float] = []
     o_slopes: list[float] = []  # device-seconds per overtaking token (``overtake_slope``)
     spreads: list[float] = []
     for view in slots:
-        a, b, factor = view.model.coefficients()
+        model = view.model
+        a, b, step, factor = model.coefficients()
         at = view.free_at
         free.append(at if at > now else now)
         var.append(view.variance)
         intercepts.append(a)
         slopes.append(b)
-        o_slopes.append(overtake_slope(a, b, horizon, k))
+        steps.append(step)
+        # Displaced work pays the batch's fixed cost, decode steps included.
+        o_slopes.append(overtake_slope(a + step * model.mean_longest, b, horizon, k))
         spreads.append(factor - 1.0)
     earliest_start = min(free)
     # "Hopeless" is judged on the slot that would serve the item soonest and cheapest.
-    h_a, h_b, h_f = slots[0].model.coefficients()
+    h_a, h_b, h_c, h_f = slots[0].model.coefficients()
+    # Output budgets matter only where a decode step costs something: without, every item is
+    # planned as if it had none (step × anything = 0), and the per-item path stays as short.
+    decode = False
+    for step in steps:
+        if step > 0.0:
+            decode = True
     sqrt = math.sqrt
     inf = math.inf
     bounds, rates = overtaking
@@ -172,9 +193,10 @@ def plan_batches(
     # The open batch lives in locals while it grows (this loop runs once per queued request
     # on every dispatch); it is written back to its PlannedBatch when it closes.
     cur: PlannedBatch[P] | None = None
-    cur_a = cur_b = cur_q = cur_o = 0.0
-    c_start = c_var0 = c_cost = c_up = c_md = c_delay = c_last_d = 0.0
-    c_tokens = c_n = c_rank = 0
+    cur_a = cur_b = cur_c = cur_q = cur_o = 0.0
+    # c_base: the open batch's fixed cost, intercept + step × its longest output.
+    c_start = c_var0 = c_cost = c_up = c_md = c_delay = c_last_d = c_base = 0.0
+    c_tokens = c_n = c_rank = c_long = 0
     c_items: list[BatchItem[P]] = []
     # Whether another slot was idle when the open batch opened. ``free`` only changes while no
     # batch is open, so this stays true to it, and the per-request idle-slot check is skipped
@@ -195,7 +217,12 @@ def plan_batches(
                 # batch's growth decides. Exactly the join the general path below would make
                 # (with md = c_md, delay = c_delay); anything else falls through to it.
                 nt = c_tokens + w
-                c = cur_a + cur_b * nt
+                if decode:
+                    # When x makes the batch decode longer, its fixed part grows by the steps.
+                    o = x.output_tokens
+                    c = (cur_a + cur_c * o if o > c_long else c_base) + cur_b * nt
+                else:
+                    c = c_base + cur_b * nt
                 m = cur_q * c
                 up = c_start + c + sqrt(c_var0 + m * m) + c_delay
                 if c <= horizon and c_n < max_items and nt <= max_tokens and up <= c_md:
@@ -208,17 +235,24 @@ def plan_batches(
                     c_last_d = d
                     if rank > 0 and not x.promoted:
                         has_bulk = True
-                    hopeless = d - (h_a + h_b * w) * h_f
+                    if decode:
+                        if o > c_long:
+                            c_long = o
+                            c_base = cur_a + cur_c * o
+                        hopeless = d - ((h_a + h_c * o) + h_b * w) * h_f
+                    else:
+                        hopeless = d - (h_a + h_b * w) * h_f
                     if hopeless < earliest_hopeless:
                         earliest_hopeless = hopeless
                     continue
+            o = x.output_tokens if decode else 0
             # When x stops being servable even alone (counted only if x stays in the plan).
-            hopeless = d - (h_a + h_b * w) * h_f
+            hopeless = d - ((h_a + h_c * o if o else h_a) + h_b * w) * h_f
             opportunistic = shed_opportunistic and d - x.arrival < opportunistic_below
             if cur is not None and not opportunistic and c_opp < inf:
                 # Would growing this batch make its opportunistic members late? Then they go.
                 nt = c_tokens + w
-                c = cur_a + cur_b * nt
+                c = (cur_a + cur_c * o if o > c_long else c_base) + cur_b * nt
                 m = cur_q * c
                 if c_start + c + sqrt(c_var0 + m * m) + c_delay > c_opp and c <= horizon:
                     c_opp = inf
@@ -228,13 +262,16 @@ def plan_batches(
                             c_tokens -= member.tokens
                             c_n -= 1
                             drops.append((member, DropReason.SHED_FOR_GOODPUT, c_up))
-                    c_cost = cur_a + cur_b * c_tokens
+                    if decode:
+                        c_long = _longest(c_items)
+                        c_base = cur_a + cur_c * c_long
+                    c_cost = c_base + cur_b * c_tokens
                     if not c_items:
                         batches.remove(cur)
                         cur = None
             if cur is not None:
                 nt = c_tokens + w
-                c = cur_a + cur_b * nt
+                c = (cur_a + cur_c * o if o > c_long else c_base) + cur_b * nt
                 if (
                     c <= horizon
                     and c_n < max_items
@@ -242,7 +279,7 @@ def plan_batches(
                     and not (
                         c_idle
                         and _idle_slot_sooner(
-                            free, cur.slot, now, c_start + c, w, intercepts, slopes
+                            free, cur.slot, now, c_start + c, w, o, intercepts, slopes, steps
                         )
                     )
                 ):
@@ -266,6 +303,9 @@ def plan_batches(
                             c_opp = d
                         c_items.append(x)
                         c_tokens = nt
+                        if o > c_long:
+                            c_long = o
+                            c_base = cur_a + cur_c * o
                         c_cost = c
                         c_up = up
                         c_md = md
@@ -280,10 +320,11 @@ def plan_batches(
                         continue
                 if opportunistic:
                     # It would be late in the open batch and must not cut it short.
-                    drops.append((x, _reason(x, earliest_start, h_a, h_b, h_f), up))
+                    drops.append((x, _reason(x, earliest_start, h_a, h_b, h_c, h_f), up))
                     continue
                 # x cannot join: close the current batch on its slot.
                 cur.tokens = c_tokens
+                cur.longest = c_long
                 cur.cost = c_cost
                 cur.upper_end = c_up
                 cur.min_deadline = c_md
@@ -304,7 +345,7 @@ def plan_batches(
                     if free[i] < free[s]:
                         s = i
                 start = free[s]
-                c = intercepts[s] + slopes[s] * w
+                c = (intercepts[s] + steps[s] * o if o else intercepts[s]) + slopes[s] * w
                 m = spreads[s] * c
                 delay = (
                     overtake_delay(bounds, rates, o_slopes[s], d - now, start - now)
@@ -317,27 +358,39 @@ def plan_batches(
                 # Everything placed so far, in plan order: the batches' items, concatenated
                 # (built only here, where a victim is needed, rather than kept per request).
                 placed = list(chain.from_iterable(pb.items for pb in batches))
-                victim = _choose_victim(placed, x, up - d, slopes[s], requests_objective, has_bulk)
+                victim = _choose_victim(
+                    placed, batches, x, up - d, slopes[s], steps[s], requests_objective, has_bulk
+                )
                 if victim is x:
                     break
                 vb = next(pb for pb in batches if victim in pb.items)
-                reason = _reason(victim, earliest_start, h_a, h_b, h_f)
+                reason = _reason(victim, earliest_start, h_a, h_b, h_c, h_f)
                 drops.append((victim, reason, vb.upper_end))
                 vb.items.remove(victim)
                 old_cost = vb.cost
                 vb.tokens -= victim.tokens
                 if vb.items:
-                    vb.cost = intercepts[vb.slot] + slopes[vb.slot] * vb.tokens
+                    vs = vb.slot
+                    if decode:
+                        if victim.output_tokens >= vb.longest:
+                            vb.longest = _longest(vb.items)
+                        fixed = intercepts[vs] + steps[vs] * vb.longest
+                    else:
+                        fixed = intercepts[vs]
+                    vb.cost = fixed + slopes[vs] * vb.tokens
                 else:
                     vb.cost = 0.0
                     batches.remove(vb)
                 free[vb.slot] -= old_cost - vb.cost
             if up > d and not (allow_risk and start + c + delay <= d):
-                drops.append((x, _reason(x, earliest_start, h_a, h_b, h_f), up))
+                drops.append((x, _reason(x, earliest_start, h_a, h_b, h_c, h_f), up))
                 continue
             c_items = [x]
-            cur = PlannedBatch(s, start, var[s], c_items, w, c, up, d, (rank, d))
+            cur = PlannedBatch(s, start, var[s], c_items, w, c, up, d, (rank, d), o)
             cur_a, cur_b, cur_q, cur_o = intercepts[s], slopes[s], spreads[s], o_slopes[s]
+            cur_c = steps[s]
+            c_long = o
+            c_base = cur_a + cur_c * o
             c_start, c_var0, c_cost, c_up, c_md, c_delay = start, var[s], c, up, d, delay
             c_opp = inf
             if opportunistic:
@@ -357,6 +410,7 @@ def plan_batches(
 
     if cur is not None:
         cur.tokens = c_tokens
+        cur.longest = c_long
         cur.cost = c_cost
         cur.upper_end = c_up
         cur.min_deadline = c_md
@@ -374,8 +428,10 @@ def _idle_slot_sooner(
     now: float,
     join_end: float,
     tokens: int,
+    output: int,
     intercepts: list[float],
     slopes: list[float],
+    steps: list[float],
 ) -> bool:
     """Would an idle slot finish this request alone before the open batch would with it?
 
@@ -383,9 +439,22 @@ def _idle_slot_sooner(
     batch (under load no slot is idle and batches grow as usual).
     """
     for s, at in enumerate(free):
-        if s != busy_slot and at <= now and at + intercepts[s] + slopes[s] * tokens < join_end:
+        if (
+            s != busy_slot
+            and at <= now
+            and at + (intercepts[s] + steps[s] * output) + slopes[s] * tokens < join_end
+        ):
             return True
     return False
+
+
+def _longest(items: Sequence[BatchItem[P]]) -> int:
+    """The largest output budget among ``items`` (0 for none): the decode steps they run."""
+    longest = 0
+    for item in items:
+        if item.output_tokens > longest:
+            longest = item.output_tokens
+    return longest
 
 
 def overtake_slope(intercept: float, slope: float, horizon: float, slots: int) -> float:
@@ -426,10 +495,10 @@ def overtake_delay(
 
 
 def _reason(
-    item: BatchItem[P], earliest_start: float, a: float, b: float, factor: float
+    item: BatchItem[P], earliest_start: float, a: float, b: float, c: float, factor: float
 ) -> DropReason:
     """Hopeless even alone on the first free slot → missed; otherwise a goodput choice."""
-    if earliest_start + (a + b * item.tokens) * factor > item.deadline:
+    if earliest_start + ((a + c * item.output_tokens) + b * item.tokens) * factor > item.deadline:
         return DropReason.DEADLINE_MISSED
     return DropReason.SHED_FOR_GOODPUT
 
@@ -438,11 +507,31 @@ def _tokens(item: BatchItem[P]) -> int:
     return item.tokens
 
 
+def member_saving(
+    items: Sequence[BatchItem[P]], victim: BatchItem[P], slope: float, step: float
+) -> float:
+    """Seconds a batch of ``items`` (``victim`` among them, others staying) gets shorter when
+    ``victim`` leaves: its tokens, and the decode steps by which it was the longest."""
+    saved = slope * victim.tokens
+    out = victim.output_tokens
+    if step > 0.0 and out > 0:
+        rest = 0
+        for item in items:
+            if item is not victim and item.output_tokens > rest:
+                rest = item.output_tokens
+                if rest >= out:
+                    return saved
+        saved += step * (out - rest)
+    return saved
+
+
 def _choose_victim(
     placed: list[BatchItem[P]],
+    batches: list[PlannedBatch[P]],
     newcomer: BatchItem[P],
     overrun: float,
     slope: float,
+    step: float,
     requests_objective: bool,
     has_bulk: bool,
 ) -> BatchItem[P]:
@@ -451,29 +540,52 @@ def _choose_victim(
         # Unpromoted bulk work yields first: choose among it alone while there is any.
         bulk = [item for item in placed if _is_shed_first(item)]
         if _is_shed_first(newcomer):
-            return _pick(bulk, newcomer, overrun, slope, requests_objective)
+            return _pick(bulk, batches, newcomer, overrun, slope, step, requests_objective)
         if bulk:
-            return max(bulk, key=_tokens)
-    return _pick(placed, newcomer, overrun, slope, requests_objective)
+            return max(bulk, key=_size_key(slope, step) if step > 0.0 else _tokens)
+    return _pick(placed, batches, newcomer, overrun, slope, step, requests_objective)
+
+
+def _size_key(slope: float, step: float) -> Callable[[BatchItem[P]], float]:
+    """How "long" a job is for Moore–Hodgson on a device with a decode-step cost (otherwise
+    its tokens): the most it can add to a batch, ``slope × tokens + step × output``."""
+    return lambda item: slope * item.tokens + step * item.output_tokens
 
 
 def _pick(
     placed: list[BatchItem[P]],
+    batches: list[PlannedBatch[P]],
     newcomer: BatchItem[P],
     overrun: float,
     slope: float,
+    step: float,
     requests_objective: bool,
 ) -> BatchItem[P]:
     if not placed:
         return newcomer
     if requests_objective:
         # Moore–Hodgson: the longest job scheduled so far (the newcomer on a tie).
+        if step > 0.0:
+            key = _size_key(slope, step)
+            longest = max(placed, key=key)
+            return longest if key(longest) > key(newcomer) else newcomer
         longest = max(placed, key=_tokens)
         return longest if longest.tokens > newcomer.tokens else newcomer
     # On-time tokens: the smallest request whose removal alone buys back the overrun; the
     # newcomer always qualifies (dropping it removes the overrun entirely).
-    need = overrun / slope if slope > 0.0 else math.inf
     best = newcomer
+    if step > 0.0:
+        # What a member's removal buys depends on its batch (only the longest output in a
+        # batch shortens its decode): judged against the batch it is planned in.
+        where = {id(item): pb for pb in batches for item in pb.items}
+        for item in placed:
+            if item.tokens < best.tokens and (
+                slope * item.tokens + step * item.output_tokens >= overrun
+                and member_saving(where[id(item)].items, item, slope, step) >= overrun
+            ):
+                best = item
+        return best
+    need = overrun / slope if slope > 0.0 else math.inf
     for item in placed:
         if need <= item.tokens < best.tokens:
             best = item

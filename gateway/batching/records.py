@@ -83,6 +83,9 @@ class BatchItem(Generic[P]):
     # Replicas this request already failed on: a retry is not planned onto them while another
     # replica is in service (set by ``DeadlineBatcher.submit(avoid=...)``).
     avoid: frozenset[str] = frozenset()
+    # Its output budget (max output tokens; 0 when unknown): an autoregressive batch decodes
+    # until its longest output is done, so this prices the batch's decode steps.
+    output_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,3 +162,12 @@ class Batch(Generic[P]):
     @property
     def payloads(self) -> list[P]:
         return [item.payload for item in self.items]
+
+    @property
+    def longest(self) -> int:
+        """The largest output budget among its items: the decode steps it runs (0: unknown)."""
+        longest = 0
+        for item in self.items:
+            if item.output_tokens > longest:
+                longest = item.output_tokens
+        return longest

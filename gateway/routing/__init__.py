@@ -10,7 +10,8 @@ servicer and in ``bench/fleet.py``.
   half-open probes taken only by the replica actually chosen.
 * :class:`Outcome` — SUCCESS / FAULT / TIMEOUT / BUSY / CANCELLED and what each may touch.
 * :class:`AttemptPolicy` — how long one attempt may take before it is a TIMEOUT, and when a
-  request still waiting on a replica is answered anyway (before its deadline).
+  request still waiting on a replica is answered anyway (before its deadline);
+  :class:`CostFloor` — the lower bounds on a replica's cost that calls out of time proved.
 * :class:`HedgePolicy`, :class:`HedgeRace` — p95-triggered hedging within a budget, and the
   "first success wins" race.
 
@@ -47,7 +48,7 @@ Example: one dispatch with a hedge, as the gateway's dispatcher runs it::
         hedging.record_latency(latency_s)
 """
 
-from gateway.routing.attempt import AttemptConfig, AttemptPolicy
+from gateway.routing.attempt import AttemptConfig, AttemptPolicy, CostFloor
 from gateway.routing.breaker import BreakerConfig, BreakerState, CircuitBreaker, Probe
 from gateway.routing.hedge import (
     HedgeBudget,
@@ -77,6 +78,7 @@ __all__ = [
     "BreakerConfig",
     "BreakerState",
     "CircuitBreaker",
+    "CostFloor",
     "HedgeBudget",
     "HedgeConfig",
     "HedgeDeclined",

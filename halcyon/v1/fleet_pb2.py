@@ -25,7 +25,7 @@ _sym_db = _symbol_database.Default()
 from google.protobuf import duration_pb2 as google_dot_protobuf_dot_duration__pb2
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16halcyon/v1/fleet.proto\x12\nhalcyon.v1\x1a\x1egoogle/protobuf/duration.proto\"\x88\x01\n\x11ReplicaDescriptor\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\r\n\x05slots\x18\x06 \x01(\r\x12\r\n\x05speed\x18\x07 \x01(\x01\"b\n\x0bReplicaLoad\x12\x12\n\nbusy_slots\x18\x01 \x01(\r\x12\x15\n\rbatches_total\x18\x02 \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\"\x8c\x01\n\tCostModel\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12,\n\tintercept\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tper_token\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x16halcyon/v1/fleet.proto\x12\nhalcyon.v1\x1a\x1egoogle/protobuf/duration.proto\"\xc1\x01\n\x11ReplicaDescriptor\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12\x0f\n\x07\x61\x64\x64ress\x18\x02 \x01(\t\x12\r\n\x05model\x18\x03 \x01(\t\x12\x0f\n\x07version\x18\x04 \x01(\t\x12\x10\n\x08hardware\x18\x05 \x01(\t\x12\r\n\x05slots\x18\x06 \x01(\r\x12\r\n\x05speed\x18\x07 \x01(\x01\x12\x0f\n\x07runtime\x18\x08 \x01(\t\x12&\n\x06warmup\x18\t \x03(\x0b\x32\x16.halcyon.v1.CostSample\"\x80\x01\n\nCostSample\x12\r\n\x05items\x18\x01 \x01(\r\x12\x14\n\x0c\x62\x61tch_tokens\x18\x02 \x01(\r\x12\x1d\n\x15longest_output_tokens\x18\x03 \x01(\r\x12.\n\x0b\x64\x65vice_time\x18\x04 \x01(\x0b\x32\x19.google.protobuf.Duration\"b\n\x0bReplicaLoad\x12\x12\n\nbusy_slots\x18\x01 \x01(\r\x12\x15\n\rbatches_total\x18\x02 \x01(\x04\x12\x16\n\x0e\x62\x61tches_failed\x18\x03 \x01(\x04\x12\x10\n\x08\x64raining\x18\x04 \x01(\x08\"\xb9\x01\n\tCostModel\x12\x12\n\nreplica_id\x18\x01 \x01(\t\x12,\n\tintercept\x18\x02 \x01(\x0b\x32\x19.google.protobuf.Duration\x12,\n\tper_token\x18\x03 \x01(\x0b\x32\x19.google.protobuf.Duration\x12\x0f\n\x07samples\x18\x04 \x01(\x04\x12+\n\x08per_step\x18\x05 \x01(\x0b\x32\x19.google.protobuf.Durationb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,9 +33,11 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'halcyon.v1.fleet_pb2', _glo
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REPLICADESCRIPTOR']._serialized_start=71
-  _globals['_REPLICADESCRIPTOR']._serialized_end=207
-  _globals['_REPLICALOAD']._serialized_start=209
-  _globals['_REPLICALOAD']._serialized_end=307
-  _globals['_COSTMODEL']._serialized_start=310
-  _globals['_COSTMODEL']._serialized_end=450
+  _globals['_REPLICADESCRIPTOR']._serialized_end=264
+  _globals['_COSTSAMPLE']._serialized_start=267
+  _globals['_COSTSAMPLE']._serialized_end=395
+  _globals['_REPLICALOAD']._serialized_start=397
+  _globals['_REPLICALOAD']._serialized_end=495
+  _globals['_COSTMODEL']._serialized_start=498
+  _globals['_COSTMODEL']._serialized_end=683
 # @@protoc_insertion_point(module_scope)

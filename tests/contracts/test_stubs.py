@@ -15,17 +15,19 @@ def test_committed_stubs_are_fresh(tmp_path: Path) -> None:
         check=True,
         capture_output=True,
     )
-    fresh = {p.name: p.read_bytes() for p in (tmp_path / "halcyon" / "v1").iterdir()}
-    committed_dir = ROOT / "halcyon" / "v1"
-    stale = [
-        name
-        for name, content in fresh.items()
-        if not (committed_dir / name).exists() or (committed_dir / name).read_bytes() != content
-    ]
-    assert not stale, f"stubs are stale relative to proto/: {stale}; run `make proto`"
-    generated = {p.name for p in committed_dir.glob("*_pb2*")}
-    orphans = generated - set(fresh)
-    assert not orphans, f"committed stubs with no proto: {sorted(orphans)}"
+    # halcyon/v1 from proto/halcyon/v1; halcyon/oip from the vendored proto/vendor/halcyon/oip.
+    for package in ("v1", "oip"):
+        fresh = {p.name: p.read_bytes() for p in (tmp_path / "halcyon" / package).iterdir()}
+        committed_dir = ROOT / "halcyon" / package
+        stale = [
+            name
+            for name, content in fresh.items()
+            if not (committed_dir / name).exists() or (committed_dir / name).read_bytes() != content
+        ]
+        assert not stale, f"stubs are stale relative to proto/: {stale}; run `make proto`"
+        generated = {p.name for p in committed_dir.glob("*_pb2*")}
+        orphans = generated - set(fresh)
+        assert not orphans, f"committed stubs with no proto: {sorted(orphans)}"
 
 
 def test_stubs_import_and_describe_services() -> None:
@@ -40,6 +42,17 @@ def test_stubs_import_and_describe_services() -> None:
         "halcyon.v1.InferService",
         "halcyon.v1.WorkerService",
         "halcyon.v1.ControlService",
+    }
+
+
+def test_vendored_oip_stubs_keep_the_protocol_names() -> None:
+    # The wire names are the Open Inference Protocol's (package inference), whatever the path.
+    from halcyon.oip import grpc_predict_v2_pb2
+
+    service = grpc_predict_v2_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert service.full_name == "inference.GRPCInferenceService"
+    assert {"ServerReady", "ModelReady", "ModelMetadata", "ModelInfer"} <= {
+        m.name for m in service.methods
     }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from google.protobuf import duration_pb2
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
@@ -330,3 +331,56 @@ class RegistryMachine(RuleBasedStateMachine):
 
 TestRegistryMachine = RegistryMachine.TestCase
 TestRegistryMachine.settings = settings(max_examples=150, stateful_step_count=30, deadline=None)
+
+
+def _warm(*samples: tuple[int, int, int, int, int]) -> fleet_pb2.ReplicaDescriptor:
+    """A descriptor with warm-up samples (items, tokens, longest, seconds, nanos)."""
+    d = desc(runtime="simulated")
+    for items, tokens, longest, seconds, nanos in samples:
+        d.warmup.add(
+            items=items,
+            batch_tokens=tokens,
+            longest_output_tokens=longest,
+            device_time=duration_pb2.Duration(seconds=seconds, nanos=nanos),
+        )
+    return d
+
+
+def test_warm_up_samples_are_accepted_and_stored_whole(reg: FleetRegistry) -> None:
+    d = _warm((1, 16, 8, 5, 0), (8, 2048, 224, 5, 12_000_000), (1, 1, 0, 3600, 0))
+    validate_descriptor(d)
+    member, _ = reg.register(d)
+    assert member.descriptor.runtime == "simulated"
+    assert list(member.descriptor.warmup) == list(d.warmup)  # relayed to gateways as sent
+
+
+@pytest.mark.parametrize(
+    ("field", "descriptor"),
+    [
+        ("warmup", _warm(*[(1, 16, 8, 0, 1000)] * 9)),
+        ("warmup[0].items", _warm((0, 16, 8, 1, 0))),
+        ("warmup[1].device_time", _warm((1, 16, 8, 1, 0), (1, 16, 8, -1, 0))),
+        ("warmup[0].device_time", _warm((1, 16, 8, 0, -5))),
+        ("warmup[0].device_time", _warm((1, 16, 8, 3601, 0))),
+        ("warmup[0].device_time", _warm((1, 16, 8, 3600, 1))),
+        ("warmup[0].device_time", _warm((1, 16, 8, 0, 1_000_000_000))),
+        ("warmup[0].longest_output_tokens", _warm((1, 16, 17, 1, 0))),
+        ("runtime", desc(runtime="sim ulated")),
+        ("runtime", desc(runtime="x" * 33)),
+    ],
+)
+def test_invalid_warm_up_names_the_field(
+    reg: FleetRegistry, field: str, descriptor: fleet_pb2.ReplicaDescriptor
+) -> None:
+    with pytest.raises(InvalidDescriptor) as info:
+        reg.register(descriptor)
+    assert info.value.field == field
+    assert len(reg) == 0
+
+
+def test_a_missing_device_time_is_refused() -> None:
+    d = desc()
+    d.warmup.add(items=1, batch_tokens=16, longest_output_tokens=8)
+    with pytest.raises(InvalidDescriptor) as info:
+        validate_descriptor(d)
+    assert info.value.field == "warmup[0].device_time"

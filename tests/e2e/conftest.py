@@ -508,9 +508,11 @@ class Launcher:
         *,
         controller_args: tuple[str, ...] = (),
         gateway_args: tuple[str, ...] = (),
+        converge_timeout_s: float = START_TIMEOUT_S,
     ) -> Fleet:
         """A controller, then workers (replica id -> extra flags) and a gateway in parallel;
-        returns once the gateway is ready and sees every worker."""
+        returns once the gateway is ready and sees every worker (a worker registers after its
+        warm-up: two of its batches — pass a longer ``converge_timeout_s`` for slow devices)."""
         if workers is None:
             workers = {"replica-a": INSTANT, "replica-b": INSTANT}
         controller = self.controller(*controller_args)
@@ -520,7 +522,7 @@ class Launcher:
             proc.wait_ready()
         fleet = Fleet(controller, started, gateway)
         self.fleets.append(fleet)
-        fleet.wait_converged()
+        fleet.wait_converged(converge_timeout_s)
         return fleet
 
     def attach(self, fleet: Fleet, gateway: Proc) -> Fleet:

@@ -13,6 +13,7 @@ import grpc
 import pytest
 
 from common.clock import ManualClock
+from common.cost_samples import CostSampleValue
 from common.rng import SeededRng
 from gateway.batching import BatcherConfig, DeadlineBatcher
 from gateway.dispatcher import PendingRequest, VersionDispatcher
@@ -192,12 +193,26 @@ async def test_the_call_timeout_follows_the_prediction_not_a_long_deadline() -> 
     assert math.isfinite(call.timeout)
 
 
-async def test_a_replica_with_nothing_learned_gets_the_cold_timeout() -> None:
+async def test_a_replica_with_nothing_learned_or_measured_may_answer_until_the_answer_by() -> None:
+    """A worker without warm-up, before it answered once: no constant may time it out (a
+    device whose batches take 30 s would never be served) — the call runs until its request
+    must be answered, and what it then answers teaches the model."""
     h = await harness(("a",))
-    h.submit("first", timeout_s=60.0)
+    first = h.submit("first", timeout_s=60.0)
     await h.settle()
     [call] = h.pool.pending()
-    assert call.timeout == pytest.approx(ATTEMPTS.config.cold_timeout_s)
+    assert call.timeout == pytest.approx(first.answer_by - h.clock.now())
+    assert call.timeout > 59.0
+    h.clock.advance(30.0)
+    call.succeed()
+    await h.settle()
+    assert first.result is not None
+    h.submit("second", timeout_s=600.0)
+    await h.settle()
+    [second] = h.pool.pending()
+    # From what it learned (30 s, against a prior of milliseconds): time for another 30 s
+    # batch, and not the 600 s deadline.
+    assert 30.0 < second.timeout < 300.0
 
 
 async def test_a_frozen_replica_costs_one_attempt_timeout_then_the_retry_goes_elsewhere() -> None:
@@ -284,3 +299,113 @@ async def test_mixed_deadlines_in_one_batch_are_answered_each_in_time() -> None:
     call.succeed()
     await h.settle()
     assert long.result is not None and short.result is None
+
+
+# -- a replica's warm-up, and what calls out of time prove -----------------------------------
+
+SLOW_WARMUP = (
+    CostSampleValue(items=1, batch_tokens=16, longest_output_tokens=8, seconds=5.0),
+    CostSampleValue(items=4, batch_tokens=512, longest_output_tokens=112, seconds=5.0),
+)
+
+
+async def test_a_replica_joining_with_its_warm_up_has_a_prediction_for_its_first_batch() -> None:
+    """A 5 s device: its first attempt is timed from the measured 5 s (not a constant that
+    times it out, nor the requests' 90 s deadline), the router's prior is 5 s, and a
+    re-upsert of the known replica does not teach its model the warm-up again."""
+    h = await harness(())
+    h.dispatcher.upsert_replica("slow", "slow:1", slots=1, speed=1.0, warmup=SLOW_WARMUP)
+    model = h.dispatcher.cost_model("slow")
+    assert model is not None and model.observations == 2
+    assert model.predict(16) == pytest.approx(5.0, rel=0.02)
+    [view] = h.dispatcher.router.views(h.clock.now())
+    assert view.latency_estimate_s == pytest.approx(5.0)
+    req = h.submit("first", timeout_s=90.0, tokens=64)
+    await h.settle()
+    [call] = h.pool.pending()
+    assert 4.0 * 5.0 <= call.timeout <= 4.0 * 5.0 * 1.5  # 4 x the conservative prediction
+    h.clock.advance(5.0)
+    call.succeed()
+    await h.settle()
+    assert req.result is not None
+    seen = model.observations
+    h.dispatcher.upsert_replica("slow", "slow:1", slots=1, speed=1.0, warmup=SLOW_WARMUP)
+    assert h.dispatcher.cost_model("slow") is model and model.observations == seen
+
+
+async def test_a_timed_out_attempt_proves_a_floor_and_the_next_attempt_waits_longer() -> None:
+    """A replica 20x slower than it measured: the first attempt times out and proves the
+    batch costs more than it waited; the retry (on the same replica: the only one) is given
+    more than that, answers, and the model learns from the answer."""
+    fast = (
+        CostSampleValue(items=1, batch_tokens=10, longest_output_tokens=1, seconds=0.2),
+        CostSampleValue(items=1, batch_tokens=20, longest_output_tokens=1, seconds=0.2),
+    )
+    h = await harness(())
+    h.dispatcher.upsert_replica("a", "a:1", slots=1, speed=1.0, warmup=fast)
+    req = h.submit("r", timeout_s=60.0)
+    await h.settle()
+    [first] = h.pool.pending()
+    assert first.timeout < 4.0  # from the (wrong) 0.2 s measurement
+    h.clock.advance(first.timeout)
+    first.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    await h.settle()
+    [second] = h.pool.pending()
+    assert second.timeout >= 2.0 * first.timeout  # twice what the first proved
+    model = h.dispatcher.cost_model("a")
+    assert model is not None and model.observations == 2  # a censored time is not a sample
+    h.clock.advance(4.0)
+    second.succeed()
+    await h.settle()
+    assert req.result is not None and model.observations == 3
+    # "More than the first attempt waited" still holds after a 4 s answer: kept.
+    h.submit("next", timeout_s=60.0)
+    await h.settle()
+    [third] = h.pool.pending()
+    assert third.timeout >= 2.0 * first.timeout
+
+
+async def test_a_call_cut_at_the_deadline_is_no_verdict_but_still_a_floor() -> None:
+    h = await harness(("a",))
+    await warm_up(h)
+    tight = h.submit("tight", timeout_s=0.2)
+    await h.settle()
+    [call] = h.pool.pending()
+    h.clock.advance(call.timeout)
+    call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    await h.settle()
+    # Its answer was due: answered now, typed, rather than retried into a bare client-side
+    # DEADLINE_EXCEEDED.
+    assert getattr(tight.error, "reason", None) == "DEADLINE_MISSED"
+    assert not h.pool.pending()
+    [view] = h.dispatcher.router.views(h.clock.now())
+    assert view.breaker is BreakerState.CLOSED
+    assert h.dispatcher._proven("a", 10) == pytest.approx(call.timeout)
+    assert h.dispatcher._proven("a", 5) == 0.0  # a smaller batch may be cheaper
+
+
+async def test_a_half_open_probe_gets_twice_what_the_timeouts_proved_not_the_deadline() -> None:
+    """A frozen replica's probe costs its batch one bounded wait (twice what the timeouts that
+    opened the breaker proved), not its requests' whole 60 s deadline."""
+    h = await harness(("a",))
+    await warm_up(h)
+    waits = []
+    h.submit("r", timeout_s=60.0)
+    for _ in range(2):  # it and its retry time out: two in a row open the breaker
+        await h.settle()
+        [call] = h.pool.pending()
+        waits.append(call.timeout)
+        h.clock.advance(call.timeout)
+        call.fail(grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
+    await h.settle()
+    assert waits[1] == pytest.approx(2.0 * waits[0])  # the retry: twice what the first proved
+    [view] = h.dispatcher.router.views(h.clock.now())
+    assert view.breaker is BreakerState.OPEN
+    h.clock.advance(60.0)  # past the re-open backoff: half-open
+    h.submit("probe", timeout_s=60.0)
+    await h.settle()
+    [probe] = h.pool.pending()
+    proven = h.dispatcher._proven("a", 10)
+    assert proven >= waits[0]
+    assert probe.timeout == pytest.approx(2.0 * proven)
+    assert probe.timeout < 30.0

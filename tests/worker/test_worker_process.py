@@ -91,9 +91,14 @@ async def test_worker_process_serves_and_drains_on_sigterm(tmp_path: Path) -> No
             assert "halcyon.v1.WorkerService" in out.split()
             rc, out = await _grpcurl(address, "describe", "halcyon.v1.WorkerService")
             assert rc == 0 and "rpc ExecuteBatch" in out, out
-            rc, out = await _grpcurl(
-                "-d", '{"service":"readiness"}', address, "grpc.health.v1.Health/Check"
-            )
+            # Ready once its warm-up (two 400 ms batches) is measured: NOT_SERVING until then.
+            for _ in range(100):
+                rc, out = await _grpcurl(
+                    "-d", '{"service":"readiness"}', address, "grpc.health.v1.Health/Check"
+                )
+                if rc != 0 or json.loads(out) == {"status": "SERVING"}:
+                    break
+                await asyncio.sleep(0.1)
             assert rc == 0 and json.loads(out) == {"status": "SERVING"}, out
 
         async with grpc.aio.insecure_channel(address) as channel:
@@ -155,3 +160,33 @@ async def test_a_tls_file_that_cannot_be_read_is_one_line_that_names_the_flags(
         "--tls-ca"
     )
     assert "Traceback" not in err.decode()
+
+
+async def test_sigterm_during_a_long_warm_up_exits_0_at_once(tmp_path: Path) -> None:
+    """A device whose batches take 30 s measures its warm-up for a minute before it is
+    ready; a SIGTERM meanwhile ends the warm-up and the process (exit 0, not registered),
+    instead of killing it unhandled or waiting the minute out."""
+    ready = tmp_path / "worker.json"
+    env = {**os.environ, "HALCYON_FLEET_TOKEN": TOKEN}
+    env.pop("OTEL_EXPORTER_OTLP_ENDPOINT", None)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "halcyon", "worker", "--listen", "127.0.0.1:0",
+        "--metrics-listen", "off", "--ready-file", str(ready), "--drain-delay", "0",
+        "--intercept-ms", "30000", "--ms-per-token", "0", "--jitter", "0",
+        env=env, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        await _wait_for_file(ready, proc, 30)
+        await asyncio.sleep(0.5)  # well inside the first 30 s warm-up batch
+        proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), 15) == 0
+        assert proc.stderr is not None
+        messages = [
+            json.loads(line)["msg"] for line in (await proc.stderr.read()).decode().splitlines()
+        ]
+        assert "warm-up interrupted by a signal: shutting down, not registering" in messages
+        assert "worker ready" not in messages
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()

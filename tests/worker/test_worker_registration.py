@@ -16,6 +16,7 @@ from google.protobuf import duration_pb2
 
 from common.auth import AuthPolicy
 from common.backoff import Backoff
+from common.cost_samples import CostSampleValue
 from common.rng import SeededRng
 from common.serving import ServiceHost, ServingOptions
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
@@ -401,3 +402,38 @@ async def test_a_stream_cancelled_under_the_reader_is_a_broken_session_not_the_e
         assert len(session.reconnect_delays) == 1
     finally:
         await session.close()
+
+
+async def test_worker_app_registers_with_its_warm_up_even_when_every_batch_fails(
+    controller: Any, start_worker: Any, wait_until: Any
+) -> None:
+    """Warm-up batches run before registering, without injected faults (a --fail-rate 1
+    worker still registers), and their measured cost goes with the registration."""
+    fake, host = controller
+    w = await start_worker(
+        controller=host.grpc_address, fleet_token=FLEET, replica_id="w-warm", fail_rate=1.0
+    )
+    await wait_until(lambda: len(fake.sessions) == 1)
+    registered = fake.sessions[0].register
+    assert registered.runtime == "simulated"
+    samples = [CostSampleValue.from_proto(s) for s in registered.warmup]
+    assert len(samples) == 2 and samples[0].batch_tokens != samples[1].batch_tokens
+    for s in samples:  # the fixture's device: 20 ms + 0.01 ms per token, no jitter
+        assert s.seconds == pytest.approx((20.0 + 0.01 * s.batch_tokens) / 1000.0, rel=0.5)
+        assert s.items >= 1 and s.longest_output_tokens <= s.batch_tokens
+    assert w.app.identity is not None
+    assert [(s.batch_tokens, pytest.approx(s.seconds, abs=1e-9)) for s in samples] == [
+        (s.batch_tokens, s.seconds) for s in w.app.identity.warmup
+    ]
+
+
+async def test_no_warm_up_registers_without_samples(
+    controller: Any, start_worker: Any, wait_until: Any
+) -> None:
+    fake, host = controller
+    await start_worker(
+        controller=host.grpc_address, fleet_token=FLEET, replica_id="w-cold", warm_up=False
+    )
+    await wait_until(lambda: len(fake.sessions) == 1)
+    assert fake.sessions[0].register.runtime == "simulated"
+    assert len(fake.sessions[0].register.warmup) == 0
