@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shutil
 import sys
 import tempfile
@@ -44,7 +45,7 @@ from halcyon.loadtest import LoadOptions, LoadResult, SloClass, parse_mix, run_l
 __all__ = ["configure", "run"]
 
 STRATEGIES = ("halcyon", "fixed", "none")
-DEFAULT_RATES = "0.5x,1x,1.5x,2x,3x"
+DEFAULT_RATES = "0.5x,1x,2x,4x,6x,8x"
 # The seed's SLO mix, as multiples of its unbatched service time (~21 ms for a 150-token
 # request at 18 ms + 0.022 ms/token): urgent 120 ms (~6x), relaxed 900 ms (~45x).
 URGENT_SHARE, URGENT_X = 0.3, 6.0
@@ -239,8 +240,9 @@ def table(points: Sequence[Point], capacity: float, mix: Sequence[SloClass]) -> 
         cpu = "-"
         if p.gateway_cpu_ms is not None or p.worker_cpu_ms is not None:
             cpu = f"{_cpu(p.gateway_cpu_ms)} + {_cpu(p.worker_cpu_ms)}"
+        times = f"{p.offered_rps / capacity:.2f}" if capacity == capacity else "-"
         rows.append(
-            f"| {p.offered_rps:.1f} | {p.offered_rps / capacity:.2f} | {p.strategy} | "
+            f"| {p.offered_rps:.1f} | {times} | {p.strategy} | "
             f"{p.goodput_rps:.1f} | {_ms(p.p50_ms)} | {_ms(p.p95_ms)} | {_ms(p.p99_ms)} | "
             f"{shares} | {100 * p.admitted_late_share:.1f} % | {cpu} | {p.mean_batch:.1f} |"
         )
@@ -323,9 +325,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-tokens",
         type=_token_range,
-        default=(64, 255),
+        default="64:255",
         metavar="LO:HI",
-        help="max output tokens per request, uniform (default 64:255)",
+        help="max output tokens per request, uniform (default %(default)s)",
     )
     parser.add_argument("--seed", type=int, default=1, help="request mix seed (default 1)")
     parser.add_argument(
@@ -355,9 +357,10 @@ def run(args: argparse.Namespace) -> int:
         print("sweep: --workers and --threads must be at least 1", file=sys.stderr)
         return 2
     started = time.monotonic()
-    capacity, p50 = probe_capacity(args)
+    needs_probe = args.mix is None or any(r.strip().endswith("x") for r in args.rates.split(","))
+    capacity, p50 = probe_capacity(args) if needs_probe else (math.nan, math.nan)
     try:
-        rates = parse_rates(args.rates, capacity)
+        rates = parse_rates(args.rates, None if math.isnan(capacity) else capacity)
     except ValueError as exc:
         print(f"sweep: {exc}", file=sys.stderr)
         return 2

@@ -76,10 +76,11 @@ def _batch(rng_state: list[int]) -> tuple[list[bytes], list[int]]:
 
 
 def _warmup(engine: DecoderEngine) -> list[CostSampleValue]:
-    """The ONNX worker's warm-up batches (worker/onnx_runtime.py): 1 x 16 → 16, 8 x 32 → 32."""
+    """The ONNX worker's warm-up batches (worker/onnx_runtime.py): 1 x 16 → 16, 8 x 32 → 32,
+    4 x 32 → 192."""
     engine.generate([b"w" * 8], [8])  # discarded, as the worker does
     samples = []
-    for items, prompt, new in ((1, 16, 16), (8, 32, 32)):
+    for items, prompt, new in ((1, 16, 16), (8, 32, 32), (4, 32, 192)):
         started = time.perf_counter()
         engine.generate([b"w" * prompt] * items, [new] * items)
         seconds = time.perf_counter() - started

@@ -73,6 +73,15 @@ SKIP: list[tuple[str, str]] = [
         "drives two minutes of load through three rollouts; tests/e2e/test_e2e_rollout.py runs it",
     ),
     (r"\bhalcyon rollout watch\b", "streams decisions until interrupted"),
+    (
+        r"\bhalcyon sweep\b",
+        "starts a stack per point and drives ~8 minutes of load; tests/tools/test_sweep.py "
+        "runs a short sweep",
+    ),
+    (
+        r"scripts/(?:onnx_cost_curve|cost_model_convergence)\.py",
+        "a measurement of a minute or more on a quiet machine; tests/worker runs the engine",
+    ),
     (r"(?:^|/)pytest\b", "runs part of the test suite, which `make test` runs anyway"),
     (r"\bapt-get\b", "installs system packages (.ci/run does it on CI)"),
 ]

@@ -1,6 +1,8 @@
 """A device whose every batch takes 30 s (a long generation on a real model) is served on the
-first try, with its warm-up and without (the e2e suite covers 1 ms to 5 s; this one costs
-about two minutes: a 60 s warm-up, then 30 s batches)."""
+first try. The e2e suite covers 1 ms to 5 s with a warm-up and without; this one runs the
+case the warm-up does not cover — a 30 s device that registered without one, whose first
+batch no constant may time out — in about 35 s (with a warm-up it would cost a minute more
+before registering: two 30 s batches)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import grpc
 import pytest
 from reliability_fleet import sample, scrape
 
-from common.cost_samples import CostSampleValue
 from common.durations import to_seconds
 from common.errors import parse_rpc_error
 
@@ -22,16 +23,8 @@ DEVICE = ("--intercept-ms", "30000", "--ms-per-token", "0", "--jitter", "0")
 
 
 def test_a_30_s_device_is_served_on_the_first_try(launcher: Any) -> None:
-    fleet = launcher.fleet(
-        {
-            "r-30s": (*DEVICE, "--model", "dev-30s"),
-            "r-30s-cold": (*DEVICE, "--model", "dev-30s-cold", "--no-warm-up"),
-        },
-        converge_timeout_s=150.0,  # two 30 s warm-up batches before it registers
-    )
+    fleet = launcher.fleet({"r-30s-cold": (*DEVICE, "--model", "dev-30s-cold", "--no-warm-up")})
     state = {m.replica.replica_id: m.replica for m in fleet.get_state().replicas}
-    warm = [CostSampleValue.from_proto(s) for s in state["r-30s"].warmup]
-    assert [s.seconds for s in warm] == pytest.approx([BATCH_S, BATCH_S], rel=0.05)
     assert len(state["r-30s-cold"].warmup) == 0
 
     def one(job: tuple[str, int]) -> tuple[str, float]:
@@ -45,7 +38,7 @@ def test_a_30_s_device_is_served_on_the_first_try(launcher: Any) -> None:
             return f"{model}: {rich.code.name}/{rich.reason}: {rich.message}", -1.0
         return model, to_seconds(reply.timings.execution)
 
-    jobs = [(m, i) for m in ("dev-30s", "dev-30s-cold") for i in range(3)]
+    jobs = [("dev-30s-cold", i) for i in range(3)]
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(one, jobs))
     assert all(execution >= 0 for _, execution in results), results

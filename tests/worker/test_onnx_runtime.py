@@ -106,12 +106,14 @@ async def test_start_warms_up_and_seeds_the_estimate(small_path: Path) -> None:
         assert [(items, tokens, longest) for items, tokens, longest, _ in samples] == [
             (1, 32, 16),
             (8, 512, 32),
+            (4, 896, 192),
         ]
         assert all(seconds > 0 for *_, seconds in samples)
         assert samples[1][3] > samples[0][3]  # the bigger batch cost more
-        small, big = runtime.estimate_s(32), runtime.estimate_s(512)
-        assert 0 < small < big
-        assert big == pytest.approx(samples[1][3], rel=0.05)
+        assert samples[2][3] > samples[1][3]  # and the long decode more still
+        small, big, long = (runtime.estimate_s(t) for t in (32, 512, 896))
+        assert 0 < small < big < long
+        assert long == pytest.approx(samples[2][3], rel=0.5)
         reported = await runtime.warm_up()
         assert [
             (r.items, r.batch_tokens, r.longest_output_tokens, r.seconds) for r in reported
