@@ -7,8 +7,9 @@ What it decides: how the worker's :class:`~worker.runtime.ModelRuntime` interfac
   fit is a :class:`~worker.runtime.RuntimeStartError` with the engine's one-line message, so
   the worker exits at start, never at the first request. It then runs four warm-up batches
   (one discarded, then 1 item × 16 bytes → 16 bytes, 8 items × 32 bytes → 32 bytes and
-  4 items × 32 bytes → 192 bytes), keeping the last three as :attr:`OnnxRuntime.warmup_samples` (what ``warm_up`` reports for
-  the registration) and as the first points of the cost estimate.
+  4 items × 32 bytes → 192 bytes), keeping the last three as
+  :attr:`OnnxRuntime.warmup_samples` (what ``warm_up`` reports for the registration) and as
+  the first points of the cost estimate.
 * ``execute`` runs one ``generate`` per batch on a dedicated thread (one per runtime: the
   replica's slots decide how many batches are accepted; ONNX Runtime's intra-op threads do
   the parallel work). Cancelling the awaiting task sets a :class:`threading.Event` the engine
