@@ -38,7 +38,7 @@ def test_a_30_s_device_is_served_on_the_first_try(launcher: Any) -> None:
             return f"{model}: {rich.code.name}/{rich.reason}: {rich.message}", -1.0
         return model, to_seconds(reply.timings.execution)
 
-    jobs = [("dev-30s-cold", i) for i in range(3)]
+    jobs = [("dev-30s-cold", 0)]  # one batch: its first answer is what no constant may cut
     with ThreadPoolExecutor(len(jobs)) as pool:
         results = list(pool.map(one, jobs))
     assert all(execution >= 0 for _, execution in results), results
