@@ -5,30 +5,15 @@ really stops the CPU."""
 from __future__ import annotations
 
 import asyncio
-import importlib
-import os
 import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from types import ModuleType
 
 import pytest
+from onnx_support import require_onnx
 
-
-def _require(name: str) -> ModuleType:
-    """Import ``name``; skip without it on a developer's machine, fail under CI."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        message = f"{name} is not importable ({exc}); pip install -e '.[onnx]'"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI installs the dev extra, which has it)")
-        pytest.skip(message, allow_module_level=True)
-
-
-_require("onnxruntime")
-_require("onnx")
+require_onnx()
 
 from common.clock import ManualClock, MonotonicClock  # noqa: E402
 from common.rng import SeededRng  # noqa: E402

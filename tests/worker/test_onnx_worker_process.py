@@ -4,32 +4,18 @@ outputs, drains on SIGTERM, and exits non-zero at start with one log line for a 
 from __future__ import annotations
 
 import asyncio
-import importlib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import grpc.aio
 import pytest
+from onnx_support import require_onnx
 
-
-def _require(name: str) -> ModuleType:
-    """Import ``name``; skip without it on a developer's machine, fail under CI."""
-    try:
-        return importlib.import_module(name)
-    except ImportError as exc:
-        message = f"{name} is not importable ({exc}); pip install -e '.[onnx]'"
-        if os.environ.get("CI"):
-            pytest.fail(f"{message} (CI installs the dev extra, which has it)")
-        pytest.skip(message, allow_module_level=True)
-
-
-_require("onnxruntime")
-_require("onnx")
+require_onnx()
 
 from common.auth import bearer_metadata  # noqa: E402
 from common.credentials import DEV_FLEET_TOKEN  # noqa: E402
