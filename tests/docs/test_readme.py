@@ -45,6 +45,14 @@ from worker.metrics import BatchOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
+# The README and the pages it hands its figures and reference to: their commands run as the
+# README's do, and the claims below are checked against all of them.
+DOCS = (
+    README,
+    ROOT / "docs" / "benchmarks.md",
+    ROOT / "docs" / "reference" / "api.md",
+    ROOT / "docs" / "reference" / "operations.md",
+)
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 ACTIVATION = re.compile(r"^(?:\.|source) (?:\./)?\.venv/bin/activate$")
 LOADTEST_SECONDS = 1.5
@@ -101,6 +109,7 @@ class Command:
     text: str
     line: int
     expected: list[str] = field(default_factory=list)
+    source: str = "README"  # the page it is on
     # The whole shell block the command came from: a block that talks to a cluster
     # (kubectl) addresses what that block set up (a port-forward), not the local stack.
     block: str = ""
@@ -108,7 +117,8 @@ class Command:
     @property
     def id(self) -> str:
         words = re.findall(r"[A-Za-z][\w.-]*", re.sub(r"^\S*/", "", self.text))
-        return f"L{self.line}-" + "-".join(words[:3])
+        page = "" if self.source == "README" else f"{Path(self.source).stem}-"
+        return f"{page}L{self.line}-" + "-".join(words[:3])
 
 
 def _strip_comment(line: str) -> str:
@@ -322,8 +332,15 @@ def live_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveStack]:
             stack.wait()
 
 
-README_TEXT = README.read_text()
-COMMANDS = extract_commands(README_TEXT)
+def _commands_of(page: Path) -> list[Command]:
+    commands = extract_commands(page.read_text())
+    for command in commands:
+        command.source = "README" if page == README else str(page.relative_to(ROOT))
+    return commands
+
+
+README_TEXT = "\n".join(page.read_text() for page in DOCS)
+COMMANDS = [command for page in DOCS for command in _commands_of(page)]
 ACTIVATION_LINE = next((c.text for c in COMMANDS if ACTIVATION.match(c.text)), None)
 
 
@@ -332,14 +349,14 @@ ACTIVATION_LINE = next((c.text for c in COMMANDS if ACTIVATION.match(c.text)), N
 def test_readme_command_runs_as_written(command: Command, live_stack: LiveStack) -> None:
     reason = skip_reason(command)
     if reason is not None:
-        pytest.skip(f"README line {command.line}: {reason}")
+        pytest.skip(f"{command.source} line {command.line}: {reason}")
     text = live_stack.adapt(command.text)
     script = f"{ACTIVATION_LINE} && {text}" if ACTIVATION_LINE else text
     proc = subprocess.run(
         ["bash", "-c", script], cwd=ROOT, env=_user_env(), capture_output=True, text=True,
         timeout=COMMAND_TIMEOUT_S, check=False,
     )  # fmt: skip
-    where = f"README line {command.line}: {command.text}\n(ran: {script})"
+    where = f"{command.source} line {command.line}: {command.text}\n(ran: {script})"
     output = proc.stdout + proc.stderr
     assert "command not found" not in output, f"{where}\n{output}"
     assert "Traceback" not in output, f"{where}\n{output}"
