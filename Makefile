@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BUF_VERSION := 1.75.0
 BUF := .tools/node_modules/.bin/buf
-TYPED := common gateway worker controller bench halcyon scripts
+TYPED := common gateway worker controller bench halcyon scripts clients/python
 # KServe's model server, the OIP tests' real backend: its own virtualenv (kserve pins protobuf
 # 6, which .venv's stubs cannot share). The stamp names the version, so a bump reinstalls.
 KSERVE_VERSION := 0.21.0
@@ -41,20 +41,27 @@ $(BUF):
 proto: $(STAMP) ## Regenerate the committed gRPC stubs from proto/
 	$(PY) scripts/genproto.py
 
-lint: $(STAMP) $(BUF) ## ruff (lint + format check), mypy --strict on all code, buf lint
+lint: $(STAMP) $(BUF) ## ruff (lint + format check), mypy --strict on all code, buf lint, buf breaking vs HEAD~1
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy $(TYPED)
 	$(BUF) lint
+	bash scripts/buf_breaking.sh
 
 fmt: $(STAMP) ## Format and autofix with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: lint $(KSERVE_STAMP) ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
-	$(VENV)/bin/pytest -q
+# Two pytest workers, each taking a whole file at a time (module fixtures stay in one process):
+# most tests wait on real processes, so two share CI's 2 cores well. PYTEST_JOBS= runs serially.
+PYTEST_JOBS ?= -n 2 --dist loadfile
+# The lint and KServe's install are independent (the KServe virtualenv downloads for ~50 s while
+# ruff and mypy run): two jobs, each one's output kept together.
+test: ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
+	@$(MAKE) --no-print-directory -j2 --output-sync=target lint $(KSERVE_STAMP)
+	$(VENV)/bin/pytest -q $(PYTEST_JOBS)
 	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
-	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q -m 'not e2e' tests/serving tests/gateway tests/worker \
+	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q $(PYTEST_JOBS) -m 'not e2e' tests/serving tests/gateway tests/worker \
 	  --ignore=tests/serving/test_keepalive.py --ignore=tests/worker/test_onnx_engine.py \
 	  --ignore=tests/worker/test_onnx_runtime.py  # transport options / no server: one run is enough
 

@@ -16,11 +16,12 @@ committed:
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
+
+from tests.support.tools import require_tool
 
 _SERVER_AND_CLIENT = (
     "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth,clientAuth\n"
@@ -54,8 +55,7 @@ def _leaf(name: str, ca: str, ext: str, d: Path) -> None:
 
 @pytest.fixture(scope="session")
 def pki(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("the openssl CLI is needed to make test certificates")
+    require_tool("openssl")
     d = tmp_path_factory.mktemp("pki")
     _ca("ca", d)
     _ca("rogue-ca", d)

@@ -34,6 +34,7 @@ from common.durations import to_duration, to_seconds
 __all__ = [
     "DETAILS_KEY",
     "DOMAIN",
+    "NO_RETRY_PUSHBACK",
     "PUSHBACK_KEY",
     "FieldViolation",
     "QuotaViolation",
@@ -43,6 +44,8 @@ __all__ = [
     "abort_sync",
     "deadline_missed",
     "deadline_unreachable",
+    "echo",
+    "internal",
     "invalid_argument",
     "not_found_model",
     "parse_rpc_error",
@@ -56,10 +59,16 @@ __all__ = [
 DOMAIN = "halcyon.dev"
 DETAILS_KEY = "grpc-status-details-bin"
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
+# gRFC A6: a negative pushback means "do not retry this call".
+NO_RETRY_PUSHBACK = "-1"
 # ErrorInfo metadata key under which deadline_unreachable carries its prediction.
 PREDICTED_COMPLETION_MS = "predicted_completion_ms"
 # ... and the time that was left to the deadline it was compared with.
 DEADLINE_MS = "deadline_ms"
+# The most characters of a client's string any message or detail repeats (see echo()).
+ECHO_CHARS = 128
+# ... and the most characters of one field violation's description.
+DESCRIPTION_CHARS = 512
 
 
 class Reason(StrEnum):
@@ -230,6 +239,10 @@ class RichError(Exception):
         pushback = self.pushback_ms()
         if pushback is not None:
             trailers.append((PUSHBACK_KEY, str(pushback)))
+        elif self.code == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # Retryable by code, but nothing says waiting helps (a message over the size
+            # limit): a negative pushback tells gRPC's retry not to try again (gRFC A6).
+            trailers.append((PUSHBACK_KEY, NO_RETRY_PUSHBACK))
         return tuple(trailers)
 
     def to_status(self) -> grpc.Status:
@@ -254,8 +267,33 @@ def _remembered_trailers(
 # -- constructors for the common cases --------------------------------------------------------
 
 
+def echo(value: str, limit: int = ECHO_CHARS) -> str:
+    """``value`` as a message or detail may repeat it: at most ``limit`` characters, a longer
+    one cut with an ellipsis and its length (``"aaaa… (1,048,576 chars)"``).
+
+    Every builder that puts a client's string (model, replica id, tenant, version …) into a
+    message, ErrorInfo metadata or a field violation goes through this: statuses travel in
+    HTTP/2 trailers, and a client with gRPC's C core refuses trailers past ~8 KB, so an
+    echoed megabyte would cost the caller the typed error itself.
+    """
+    if len(value) <= limit:
+        return value
+    return f"{value[:limit]}… ({len(value):,} chars)"
+
+
+def internal(message: str) -> RichError:
+    """A bug on our side (an answer that could not be built or encoded): INTERNAL with
+    reason ``INTERNAL``, instead of the bare INTERNAL or UNKNOWN gRPC would send."""
+    return RichError(grpc.StatusCode.INTERNAL, message, reason=Reason.INTERNAL)
+
+
 def invalid_argument(field: str, description: str) -> RichError:
-    """A malformed request: INVALID_ARGUMENT with a BadRequest field violation."""
+    """A malformed request: INVALID_ARGUMENT with a BadRequest field violation.
+
+    The description is cut at :data:`DESCRIPTION_CHARS` (:func:`echo`) in case it repeats
+    more of the request than its builder meant to.
+    """
+    field, description = echo(field), echo(description, DESCRIPTION_CHARS)
     return RichError(
         grpc.StatusCode.INVALID_ARGUMENT,
         f"invalid {field}: {description}",
@@ -275,9 +313,9 @@ def not_found_model(model: str) -> RichError:
     """A request for a model nobody serves: NOT_FOUND."""
     return RichError(
         grpc.StatusCode.NOT_FOUND,
-        f"unknown model {model!r}",
+        f"unknown model {echo(model)!r}",
         reason=Reason.UNKNOWN_MODEL,
-        metadata={"model": model},
+        metadata={"model": echo(model)},
     )
 
 
@@ -291,11 +329,11 @@ def quota_exceeded(tenant: str, retry_after_s: float | None, description: str) -
     retry = retry_after_s if retry_after_s is not None and math.isfinite(retry_after_s) else None
     return RichError(
         grpc.StatusCode.RESOURCE_EXHAUSTED,
-        f"tenant {tenant!r} is over quota: {description}",
+        f"tenant {echo(tenant)!r} is over quota: {description}",
         reason=Reason.QUOTA_EXCEEDED,
-        metadata={"tenant": tenant},
+        metadata={"tenant": echo(tenant)},
         retry_after_s=retry,
-        quota_violations=[QuotaViolation(f"tenant:{tenant}", description)],
+        quota_violations=[QuotaViolation(f"tenant:{echo(tenant)}", description)],
     )
 
 

@@ -13,8 +13,8 @@ share (design sections 3 and 6), so none of them re-invents it:
   endpoints (``common.raw_unary``) where grpcio is a verified release, else ``grpc.aio``, said
   in one log line; an endpoint that fails for good turns liveness off and stops the process;
 * server reflection, so ``grpcurl -plaintext host:port list`` works with no proto files;
-* ``grpc_server_*`` Prometheus metrics plus process metrics on a per-host registry, served on
-  a separate HTTP port;
+* ``grpc_server_*`` Prometheus metrics plus process metrics and ``halcyon_build_info``
+  (:mod:`common.build_info`) on a per-host registry, served on a separate HTTP port;
 * the auth gate (:mod:`common.auth`) ahead of every handler, fail-closed: a service whose
   methods are not all in the method table cannot even be added;
 * request bytes that do not decode answered ``INVALID_ARGUMENT`` on every method grpc.aio
@@ -75,6 +75,7 @@ from prometheus_client import (
 
 from common.auth import Access, AuthInterceptor, AuthPolicy
 from common.buffered_metrics import ScrapeHooks
+from common.build_info import export_build_info
 from common.decode_guard import DecodeGuard
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
@@ -436,6 +437,7 @@ class ServiceHost:
         self.grpc_address = format_hostport(host, port)
         self._open_probe_port()
         self._choose_serving_path()
+        export_build_info(self.registry, self.name, self.serving_path)
         await self.server.start()
         loop = asyncio.get_running_loop()
         await self._start_raw_endpoints(loop)

@@ -1,8 +1,26 @@
 """OpenTelemetry tracing: the process's tracer provider and RPC spans on every gRPC path.
 
-What it decides: every process gets one global ``TracerProvider`` whose resource names the
-service; spans are exported over OTLP/gRPC only when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set, so
-nothing needs a collector to run and tests attach in-memory exporters.
+What it decides: every process gets one global ``TracerProvider`` configured by the standard
+``OTEL_*`` environment variables (OpenTelemetry SDK environment variable specification,
+https://opentelemetry.io/docs/specs/otel/configuration/sdk-environment-variables/), with the
+component's name (``gateway``, ``worker``, ``controller``) and Halcyon's version only as the
+defaults of ``service.name`` and ``service.version``:
+
+* ``OTEL_SERVICE_NAME`` sets ``service.name``; ``OTEL_RESOURCE_ATTRIBUTES`` adds attributes
+  (and may set ``service.name`` when ``OTEL_SERVICE_NAME`` does not) — the environment wins;
+* ``OTEL_SDK_DISABLED=true``: no SDK provider at all (the API's no-op one stays), no spans;
+* ``OTEL_TRACES_EXPORTER``: ``otlp`` (over gRPC, the only OTLP transport installed),
+  ``console`` (stdout), ``none``, or a comma-separated list. Unset, spans are exported over
+  OTLP only when an endpoint is configured (``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` or
+  ``OTEL_EXPORTER_OTLP_ENDPOINT``): the spec's default is ``otlp`` to ``localhost:4317``, but
+  nothing in Halcyon needs a collector to run, so no endpoint means no exporter;
+* ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG``, ``OTEL_BSP_*``, span limits,
+  ``OTEL_EXPORTER_OTLP_*`` (headers, certificates, timeout, compression) and
+  ``OTEL_PROPAGATORS`` are read by the SDK, the exporter and the API themselves.
+
+With no exporter and no sampler configured nothing would read the spans: the provider records
+none (an incoming sampled ``traceparent`` is still honoured), and :func:`spans_recorded` tells
+the hot paths to make none at all.
 
 RPC spans come from ``opentelemetry-instrumentation-grpc`` wherever ``grpc.aio`` serves or
 calls (:func:`server_interceptor`, :func:`client_interceptors`): spans named
@@ -21,6 +39,7 @@ import inspect
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote
 
@@ -32,23 +51,40 @@ from opentelemetry.instrumentation.grpc import (
     aio_server_interceptor,
     filters,
 )
-from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+from opentelemetry.sdk.resources import (
+    SERVICE_NAME,
+    SERVICE_VERSION,
+    OTELResourceDetector,
+    Resource,
+)
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
+from opentelemetry.sdk.trace.export import (
+    BatchSpanProcessor,
+    ConsoleSpanExporter,
+    SimpleSpanProcessor,
+)
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from common.build_info import halcyon_version
+
 __all__ = [
+    "EXPORTER_ENV",
     "OTLP_ENDPOINT_ENV",
+    "OTLP_TRACES_ENDPOINT_ENV",
+    "SDK_DISABLED_ENV",
+    "TracingPlan",
     "client_interceptors",
     "configure_tracing",
     "end_rpc_span",
     "extract_context",
     "inject_metadata",
+    "plan_tracing",
     "server_interceptor",
     "spans_recorded",
     "start_client_span",
     "start_server_span",
+    "tracing_resource",
 ]
 
 # The RPC semantic-convention attribute names the instrumentation puts on its spans. Spelled
@@ -61,43 +97,132 @@ NET_PEER_IP = "net.peer.ip"
 NET_PEER_NAME = "net.peer.name"
 NET_PEER_PORT = "net.peer.port"
 
+# The specification's names (opentelemetry.sdk.environment_variables has the same strings).
 OTLP_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
+OTLP_TRACES_ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"
+OTLP_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_PROTOCOL"
+OTLP_TRACES_PROTOCOL_ENV = "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"
 SAMPLER_ENV = "OTEL_TRACES_SAMPLER"
+EXPORTER_ENV = "OTEL_TRACES_EXPORTER"
+SDK_DISABLED_ENV = "OTEL_SDK_DISABLED"
+_EXPORTERS = ("otlp", "console")  # the OTEL_TRACES_EXPORTER values this process can honour
+_DEFAULT_OTLP_ENDPOINT = "http://localhost:4317"  # the spec's default for OTLP/gRPC
 _log = logging.getLogger("halcyon.tracing")
 _spans_recorded = True
 
 
 def spans_recorded() -> bool:
-    """False when :func:`configure_tracing` chose to record nothing (no exporter configured):
-    hot paths may then skip per-request spans altogether instead of making non-recording ones.
+    """False when :func:`configure_tracing` chose to record nothing (no exporter configured,
+    or the SDK disabled): hot paths may then skip per-request spans altogether instead of
+    making non-recording ones.
     """
     return _spans_recorded
 
 
-def configure_tracing(service: str) -> TracerProvider:
-    """Install (once per process) and return the global SDK tracer provider for ``service``.
+def tracing_resource(service: str) -> Resource:
+    """The resource of ``service``'s spans: ``service.name`` = ``service`` and
+    ``service.version`` = Halcyon's version unless the environment says otherwise.
+
+    ``Resource.create`` runs the SDK's detectors (``OTEL_RESOURCE_ATTRIBUTES`` and
+    ``OTEL_SERVICE_NAME`` among them) and then lets the attributes it is given win; the
+    defaults go in there and the environment's attributes are merged back on top, so
+    ``OTEL_SERVICE_NAME`` beats ``service.name`` in ``OTEL_RESOURCE_ATTRIBUTES``, which beats
+    the component's name (the specification's order).
+    """
+    defaults = {SERVICE_NAME: service, SERVICE_VERSION: halcyon_version()}
+    return Resource.create(defaults).merge(OTELResourceDetector().detect())
+
+
+def _env_flag(name: str) -> bool:
+    """A boolean variable as the specification reads one: only ``true`` (any case) is true;
+    anything but unset, empty or ``false`` is false with a warning."""
+    raw = os.environ.get(name, "").strip().lower()
+    if raw not in ("", "true", "false"):
+        _log.warning(f"{name}={raw!r} is not true or false; treated as false")
+    return raw == "true"
+
+
+@dataclass(frozen=True)
+class TracingPlan:
+    """What the environment asks of this process's tracing (:func:`plan_tracing`)."""
+
+    disabled: bool  # OTEL_SDK_DISABLED=true: no SDK provider, no spans
+    exporters: tuple[str, ...]  # among _EXPORTERS
+    otlp_endpoint: str | None  # where OTLP spans go, when "otlp" is among the exporters
+    record: bool  # spans are recorded (something exports them, or a sampler was asked for)
+
+
+def plan_tracing() -> TracingPlan:
+    """Read the ``OTEL_*`` variables that decide whether and where spans go (module docstring).
+
+    Unknown ``OTEL_TRACES_EXPORTER`` values and an OTLP protocol other than ``grpc`` are
+    logged (a WARNING each): the first is ignored, the second exported over gRPC anyway.
+    """
+    if _env_flag(SDK_DISABLED_ENV):
+        return TracingPlan(disabled=True, exporters=(), otlp_endpoint=None, record=False)
+    endpoint = os.environ.get(OTLP_TRACES_ENDPOINT_ENV) or os.environ.get(OTLP_ENDPOINT_ENV)
+    requested = os.environ.get(EXPORTER_ENV, "").strip().lower()
+    if requested:
+        names = [n.strip() for n in requested.split(",") if n.strip()]
+        unknown = [n for n in names if n not in (*_EXPORTERS, "none")]
+        if unknown:
+            _log.warning(
+                f"{EXPORTER_ENV}: {', '.join(unknown)} not available; "
+                f"this process exports to {', '.join(_EXPORTERS)} or none"
+            )
+        chosen = () if "none" in names else tuple(n for n in _EXPORTERS if n in names)
+    else:
+        # The spec's default is otlp (to localhost:4317); without an endpoint configured,
+        # Halcyon exports nothing, so nothing needs a collector to run.
+        chosen = ("otlp",) if endpoint else ()
+    if "otlp" in chosen:
+        endpoint = endpoint or _DEFAULT_OTLP_ENDPOINT
+        protocol = (
+            os.environ.get(OTLP_TRACES_PROTOCOL_ENV) or os.environ.get(OTLP_PROTOCOL_ENV) or "grpc"
+        ).strip()
+        if protocol != "grpc":
+            _log.warning(
+                f"OTLP protocol {protocol!r} is not installed; exporting spans over OTLP/gRPC",
+                extra={"endpoint": endpoint},
+            )
+    else:
+        endpoint = None
+    record = bool(chosen) or bool(os.environ.get(SAMPLER_ENV))
+    return TracingPlan(disabled=False, exporters=chosen, otlp_endpoint=endpoint, record=record)
+
+
+def configure_tracing(service: str) -> TracerProvider | None:
+    """Install (once per process) and return the global SDK tracer provider for ``service``,
+    as the ``OTEL_*`` environment configures it (module docstring); None when
+    ``OTEL_SDK_DISABLED`` is true (the API's no-op provider stays: no span is made).
 
     A second call returns the provider already installed: OpenTelemetry forbids replacing it.
     """
     current = trace.get_tracer_provider()
     if isinstance(current, TracerProvider):
         return current
-    endpoint = os.environ.get(OTLP_ENDPOINT_ENV)
-    sampler = None
-    if not endpoint and not os.environ.get(SAMPLER_ENV):
-        # Nothing would export the spans: don't record them, and let the hot paths (the
-        # gateway's request and batch spans) skip making them at all (spans_recorded()):
-        # the request path does not pay for spans nobody reads. An incoming sampled
-        # traceparent is still honoured by the servers' own spans (ParentBased).
-        sampler = ParentBased(ALWAYS_OFF)
+    plan = plan_tracing()
     global _spans_recorded
-    _spans_recorded = sampler is None
-    provider = TracerProvider(resource=Resource.create({SERVICE_NAME: service}), sampler=sampler)
-    if endpoint:
+    _spans_recorded = plan.record
+    if plan.disabled:
+        _log.info(f"tracing disabled ({SDK_DISABLED_ENV})")
+        return None
+    # Nothing would export the spans: don't record them, and let the hot paths (the gateway's
+    # request and batch spans) skip making them at all (spans_recorded()). An incoming sampled
+    # traceparent is still honoured by the servers' own spans (ParentBased). Otherwise the
+    # SDK reads OTEL_TRACES_SAMPLER / _ARG (default parentbased_always_on).
+    sampler = None if plan.record else ParentBased(ALWAYS_OFF)
+    provider = TracerProvider(resource=tracing_resource(service), sampler=sampler)
+    if "otlp" in plan.exporters:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-        _log.info("exporting spans over OTLP", extra={"endpoint": endpoint})
+        # The exporter reads the rest of OTEL_EXPORTER_OTLP_* (headers, TLS, timeout).
+        provider.add_span_processor(
+            BatchSpanProcessor(OTLPSpanExporter(endpoint=plan.otlp_endpoint))
+        )
+        _log.info("exporting spans over OTLP", extra={"endpoint": plan.otlp_endpoint})
+    if "console" in plan.exporters:
+        provider.add_span_processor(SimpleSpanProcessor(ConsoleSpanExporter()))
     trace.set_tracer_provider(provider)
     return provider
 

@@ -95,14 +95,23 @@ def gateway_to_pb(report: GatewayReport, wall: WallClock) -> control_pb2.Gateway
         concurrency_limit=report.concurrency_limit,
         inflight=report.inflight,
         cost_models=list(report.cost_models),
+        # Breakers, sheds and tenants as the gateway reported them (validated on ingest).
+        breakers=list(report.breakers),
+        sheds=list(report.sheds),
+        tenants=list(report.tenants),
     )
 
 
 def stored_policy_to_pb(policy: Mapping[str, Any]) -> control_pb2.RolloutPolicy:
-    """A rollout's stored (effective) policy as a message; empty if it cannot be read."""
+    """A rollout's stored (effective) policy as a message; empty if it cannot be read.
+
+    The API bounds every policy it stores (:mod:`controller.rollout_policy`); one stored
+    before it did (an infinite or int64-max duration) cannot be a Duration, and must not
+    break GetState for every other rollout: it shows as empty.
+    """
     try:
         return policy_to_pb(policy_from_dict(policy))
-    except ValueError:
+    except (ValueError, OverflowError):
         return control_pb2.RolloutPolicy()
 
 

@@ -24,9 +24,10 @@ def after_drain(member: Member) -> str:
     return (
         f"replica {rid} is draining: gateways send it no new batches from now on and the "
         "batches it is running finish within its shutdown grace. It stays registered and "
-        "idle, listed as draining in GetState. To put it back into service call "
-        f"halcyon.v1.ControlService/UndrainReplica with {_request(member)}; to remove it for "
-        "good stop its process (SIGTERM), and it deregisters."
+        "idle, listed as draining in GetState. To put it back into service run "
+        f"`halcyon fleet undrain {rid}` (or call halcyon.v1.ControlService/UndrainReplica with "
+        f"{_request(member)}); to remove it for good stop its process (SIGTERM), and it "
+        "deregisters."
     )
 
 

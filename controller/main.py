@@ -5,24 +5,43 @@ the serving options, and the process's life — bind, open the store, report rea
 SIGTERM/SIGINT turn readiness off, end every stream cleanly, stop within the grace period and
 exit 0. Exit 2 for unusable flags or config, 1 when the store cannot be opened or the port
 cannot be bound.
+
+The operator console (:mod:`controller.console`, ``--console-listen``) is served on the same
+event loop; it binds before the ready file is written, so the file (and the "controller ready"
+log line) names its address too (``"console"``; absent when ``--console-listen off``).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import math
+import os
 from pathlib import Path
 
 import yaml
 
-from common.argtypes import non_negative
+from common.argtypes import hostport, non_negative
 from common.auth import AuthPolicy
-from common.credentials import add_credential_arguments, load_credentials
+from common.credentials import (
+    CredentialError,
+    add_credential_arguments,
+    is_loopback,
+    load_credentials,
+)
 from common.logs import configure_logging
-from common.serving import ServiceHost, add_serving_arguments, serving_options_from_args
+from common.ports import describe_port_holders
+from common.serving import (
+    ServiceHost,
+    add_serving_arguments,
+    parse_hostport,
+    serving_options_from_args,
+)
+from common.tracing import configure_tracing
 from controller.app import Controller, ControllerConfig
+from controller.console import Console, ConsoleConfig
 from controller.stable_versions import (
     merge_configured,
     parse_stable_assignment,
@@ -37,6 +56,8 @@ _log = logging.getLogger("halcyon.controller")
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9450"
 DEFAULT_DB = "./halcyon-controller.sqlite"
+DEFAULT_CONSOLE_LISTEN = "127.0.0.1:9440"
+CONSOLE_OFF = "off"
 
 _EPILOG = """\
 examples:
@@ -54,6 +75,10 @@ version is routed to its only registered version; with several versions register
 configured it has no stable version and gateways refuse it (the controller logs a warning).
 A promotion persisted in the --db file survives restarts until the configured version for
 that model changes.
+
+Operator console: a web page at http://127.0.0.1:9440/ (--console-listen; 'off' disables it).
+On loopback anyone on this machine may look; promote, abort, drain and undrain need the
+operator token, typed into the page. Listening beyond loopback, every page needs it.
 
 Credentials: workers and gateways present the fleet token, operators the operator token, as
 'authorization: Bearer <token>'. Give each as a file (--fleet-token-file, --operator-token-file)
@@ -80,13 +105,20 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _console_listen(text: str) -> str:
+    if text.strip().lower() == CONSOLE_OFF:
+        return CONSOLE_OFF
+    return hostport(text)
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the controller's flags to ``parser``."""
     parser.description = (
         "Run the Halcyon controller: the fleet registry (workers register and heartbeat;\n"
         "members leave when their stream ends or their lease lapses), per-model routing\n"
         "(stable and canary versions) streamed to gateways, outcome reports from gateways,\n"
-        "the SQLite store, and the operator API (GetState, DrainReplica, rollouts)."
+        "the SQLite store, the operator API (GetState, DrainReplica, rollouts) and the\n"
+        "operator console, a web page of the fleet, the traffic and every rollout."
     )
     parser.epilog = _EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -141,6 +173,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="rolling window over which gateway outcome reports are aggregated (default 60)",
     )
+    group.add_argument(
+        "--console-listen",
+        type=_console_listen,
+        default=None,
+        metavar="HOST:PORT|off",
+        help="where the operator console (web page and JSON API) listens; port 0 picks a "
+        "free one (the ready file and the 'controller ready' log line name it), 'off' "
+        "disables it. On loopback, reading needs no credential; on any other address every "
+        "page needs the operator credential; actions always do. HTTPS with --tls-cert/--tls-key "
+        f"(default {DEFAULT_CONSOLE_LISTEN}; when that port is taken the controller runs "
+        "without a console and logs a warning, where an address given here fails the start)",
+    )
     add_credential_arguments(
         parser,
         fleet_use="which workers and gateways must present",
@@ -188,33 +232,97 @@ def _auth_policy(args: argparse.Namespace) -> AuthPolicy:
     credentials = load_credentials(
         args, fleet_required=True, operator_required=True, listen=args.listen
     )
+    console = getattr(args, "console_listen", None) or DEFAULT_CONSOLE_LISTEN
+    if credentials.dev_mode and console != CONSOLE_OFF:
+        host, _ = parse_hostport(console)
+        if not is_loopback(host):
+            raise CredentialError(
+                f"--dev-mode accepts public credentials, so the console listens on loopback "
+                f"only: got --console-listen {console}; use 127.0.0.1:PORT or drop --dev-mode"
+            )
     return credentials.policy()
+
+
+def _write_ready_file(path: Path, addresses: dict[str, str | None]) -> None:
+    """The ready file with every address this process bound, written atomically."""
+    payload = {**addresses, "pid": os.getpid()}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(payload) + "\n")
+    os.replace(tmp, path)
+
+
+async def _start_console(console: Console, *, explicit: bool) -> Console | None:
+    """Bind the console; a taken *default* port leaves the controller without one (a warning
+    says so), a taken port the operator asked for is an OSError like any other."""
+    try:
+        await console.start()
+    except OSError as exc:
+        if explicit:
+            raise
+        hint = _holder(console.config.listen)
+        _log.warning(
+            "console not started: its default address is taken; pass --console-listen "
+            "HOST:PORT (0 picks a free port) or off",
+            extra={"console": console.config.listen, "error": str(exc) + hint},
+        )
+        return None
+    return console
+
+
+def _holder(listen: str) -> str:
+    _, port = parse_hostport(listen)
+    holders = describe_port_holders(port) if port else ""
+    return f"; {holders}" if holders else ""
 
 
 async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthPolicy) -> int:
     options = serving_options_from_args(args)
+    # The host would write the ready file as soon as gRPC is bound; it is written here once
+    # the console is bound too, so whoever waits for it can use both.
+    ready_file, options.ready_file = options.ready_file, None
     host = ServiceHost("controller", options, auth)
     try:
         controller = await Controller.open(config, metrics_registry=host.registry)
     except StoreError as exc:
         _log.error("cannot open the store", extra={"db": str(config.db_path), "error": str(exc)})
         return 1
+    console_listen = args.console_listen or DEFAULT_CONSOLE_LISTEN
+    console: Console | None = None
+    if console_listen != CONSOLE_OFF:
+        console = Console(controller, auth, ConsoleConfig(console_listen, tls=options.tls))
+
+    async def shutdown() -> None:
+        if console is not None:
+            await console.close()
+        await controller.shutdown()
+
     try:
         controller.add_to(host)
         try:
             await host.start()
+            if console is not None:
+                console = await _start_console(console, explicit=args.console_listen is not None)
         except OSError as exc:
             _log.error("cannot start serving", extra={"error": str(exc)})
             return 1
         controller.start()
         host.set_ready(True)
-        _log.info(
-            "controller ready",
-            extra={"grpc": host.grpc_address, "metrics": host.metrics_address,
-                   "lease_ttl_s": config.lease_ttl_s},
-        )  # fmt: skip
-        await host.serve_until_signal(on_shutdown=controller.shutdown)
+        addresses = {
+            "grpc": host.grpc_address,
+            "metrics": host.metrics_address,
+            "health": host.health_address,
+        }
+        if console is not None:
+            addresses["console"] = console.address
+            addresses["console_url"] = console.url
+        if ready_file is not None:
+            _write_ready_file(ready_file, addresses)
+        _log.info("controller ready", extra={**addresses, "lease_ttl_s": config.lease_ttl_s})
+        await host.serve_until_signal(on_shutdown=shutdown)
     finally:
+        if console is not None:
+            await console.close()
         await host.stop()
         await controller.close()
     _log.info("controller stopped")
@@ -224,6 +332,7 @@ async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthP
 def run(args: argparse.Namespace) -> int:
     """Run the controller until SIGTERM/SIGINT; returns the process exit code."""
     configure_logging("controller", args.log_level)
+    configure_tracing("controller")
     try:
         config = build_config(args)
         auth = _auth_policy(args)

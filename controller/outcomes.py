@@ -14,11 +14,27 @@ rolling window is what GetState shows; rollouts judge their own evidence (below)
 pre-rollout traffic is never judged (defect 3).
 
 Validation is per item, never per report: one malformed outcome (no model, no version, an
-unknown kind, a negative latency) is dropped and counted by reason in the returned
-:class:`IngestResult`, and every well-formed outcome of the same report is still counted. A
-report is a second of a gateway's evidence; rejecting all of it for one bad item would throw
-good evidence away with the bad (the defect this replaced). A report with no ``gateway_id``
-still has its outcomes counted; only the gateway status is skipped.
+unknown kind, a latency or device time that is negative, malformed or beyond
+:data:`MAX_REPORTED_S`, a model, version or replica id longer than the registry's limits) is
+dropped and counted by reason in the returned :class:`IngestResult`, and every well-formed
+outcome of the same report is still counted. A report is a second of a gateway's evidence;
+rejecting all of it for one bad item would throw good evidence away with the bad (the defect
+this replaced). A report with no ``gateway_id`` (or one longer than
+:data:`controller.registry.MAX_ID_CHARS`) still has its outcomes counted; only the gateway
+status is skipped. A reported cost model with a too-long replica id or a Duration out of range
+is dropped the same way (reason ``invalid_cost_model``): GetState shows cost models as
+they came, and a Duration no JSON printer can render would break GetState for everyone.
+
+The rest of a gateway's status — its breaker per replica, requests shed by reason and traffic
+per tenant, the last two cumulative since that gateway started — is kept as it came, item by
+item under the same rule: a breaker with a replica id that is empty or too long, or a state
+that is unset or unknown (``invalid_breaker``); a shed count whose reason is empty or longer
+than :data:`MAX_REASON_CHARS` (``invalid_shed_count``); a tenant whose name is empty or longer
+than :data:`controller.registry.MAX_NAME_CHARS` (``invalid_tenant``); a second item with the
+same replica, reason or tenant, or more items than :data:`MAX_BREAKERS`,
+:data:`MAX_SHED_REASONS` or :data:`MAX_TENANTS` allow (same reasons) — each is dropped and
+counted, and the rest of the status is kept. A gateway silent for ``gateway_ttl_s`` is
+forgotten with all of it.
 
 Rollout evidence is not read from the rolling window: a ``tap`` (see
 :class:`controller.rollout_evidence.RolloutEvidence`) sees every accepted request outcome as it
@@ -29,24 +45,31 @@ clock-injected.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from common.clock import Clock
-from common.durations import to_seconds
+from common.durations import DurationOutOfRange, checked_seconds
 from common.histogram import LatencyHistogram
+from controller.registry import MAX_ID_CHARS, MAX_NAME_CHARS, identifier_problem
 from halcyon.v1 import control_pb2, fleet_pb2
 
 __all__ = [
     "DROP_REASONS",
     "KIND_NAMES",
+    "MAX_REPORTED_S",
     "GatewayReport",
     "IngestResult",
     "OutcomeAggregator",
     "OutcomeTap",
     "VersionOutcomes",
     "check_batch",
+    "check_breaker",
+    "check_cost_model",
     "check_request",
+    "check_shed_count",
+    "check_tenant",
 ]
 
 Kind = control_pb2.RequestOutcomeKind
@@ -65,6 +88,31 @@ DROP_REASONS = (
     "invalid_kind",
     "invalid_latency",
     "series_limit",
+    "invalid_identifier",
+    "invalid_device_time",
+    "invalid_cost_model",
+    "invalid_breaker",
+    "invalid_shed_count",
+    "invalid_tenant",
+)
+# The longest latency or device time a report may carry (no request outlives its 600 s
+# deadline by anything near this).
+MAX_REPORTED_S = 3600.0
+# A cost model's per-batch and per-step costs, and its per-token cost, at most.
+_MAX_COST_S = {"intercept": MAX_REPORTED_S, "per_token": 1.0, "per_step": MAX_REPORTED_S}
+# A shed reason is a gateway's metric label ("quota_exceeded"): short by construction.
+MAX_REASON_CHARS = 64
+# Items of one gateway's status kept at most: breakers (one per replica it routes to), shed
+# reasons, tenants (a gateway names 256 and sums the rest as "(other)").
+MAX_BREAKERS = 4096
+MAX_SHED_REASONS = 64
+MAX_TENANTS = 257
+_BREAKER_STATES = frozenset(
+    {
+        control_pb2.BREAKER_STATE_CLOSED,
+        control_pb2.BREAKER_STATE_OPEN,
+        control_pb2.BREAKER_STATE_HALF_OPEN,
+    }
 )
 
 
@@ -132,6 +180,10 @@ class GatewayReport:
     inflight: int
     cost_models: tuple[fleet_pb2.CostModel, ...]
     reports: int
+    breakers: tuple[control_pb2.ReplicaBreaker, ...] = ()
+    # Cumulative since that gateway started (see ShedCount and TenantTraffic).
+    sheds: tuple[control_pb2.ShedCount, ...] = ()
+    tenants: tuple[control_pb2.TenantTraffic, ...] = ()
 
 
 @dataclass
@@ -155,27 +207,122 @@ class IngestResult:
         return sum(self.dropped.values())
 
 
-def check_request(outcome: control_pb2.RequestOutcome) -> tuple[str, str, str] | None:
-    """Why a request outcome cannot be counted — (reason, field, description) — or None."""
+def _check_names(
+    outcome: control_pb2.RequestOutcome | control_pb2.BatchOutcome,
+) -> tuple[str, str, str] | None:
     if not outcome.model:
         return "missing_model", "model", "must not be empty"
     if not outcome.version:
         return "missing_version", "version", "must not be empty"
+    for name, limit in (
+        ("model", MAX_NAME_CHARS),
+        ("version", MAX_NAME_CHARS),
+        ("replica_id", MAX_ID_CHARS),
+    ):
+        problem = identifier_problem(getattr(outcome, name), limit, required=False)
+        if problem is not None:
+            return "invalid_identifier", name, problem
+    return None
+
+
+def check_request(outcome: control_pb2.RequestOutcome) -> tuple[str, str, str] | None:
+    """Why a request outcome cannot be counted — (reason, field, description) — or None."""
+    problem = _check_names(outcome)
+    if problem is not None:
+        return problem
     if outcome.kind not in KIND_NAMES:
         return "invalid_kind", "kind", f"must be OK, ERROR, SHED or LATE, got {outcome.kind}"
-    latency = to_seconds(outcome.latency)
-    if not (math.isfinite(latency) and latency >= 0.0):
-        return "invalid_latency", "latency", f"must be >= 0, got {latency}"
+    try:
+        checked_seconds(outcome.latency, "latency", maximum_s=MAX_REPORTED_S)
+    except DurationOutOfRange as exc:
+        return "invalid_latency", exc.field, exc.description
     return None
 
 
 def check_batch(batch: control_pb2.BatchOutcome) -> tuple[str, str, str] | None:
     """Why a batch outcome cannot be counted — (reason, field, description) — or None."""
-    if not batch.model:
-        return "missing_model", "model", "must not be empty"
-    if not batch.version:
-        return "missing_version", "version", "must not be empty"
+    problem = _check_names(batch)
+    if problem is not None:
+        return problem
+    try:
+        checked_seconds(batch.device_time, "device_time", maximum_s=MAX_REPORTED_S)
+    except DurationOutOfRange as exc:
+        return "invalid_device_time", exc.field, exc.description
     return None
+
+
+def check_cost_model(cost: fleet_pb2.CostModel) -> tuple[str, str] | None:
+    """Why a reported cost model cannot be kept — (field, description) — or None."""
+    problem = identifier_problem(cost.replica_id, MAX_ID_CHARS, required=False)
+    if problem is not None:
+        return "replica_id", problem
+    for name, limit in _MAX_COST_S.items():
+        try:
+            checked_seconds(getattr(cost, name), name, maximum_s=limit)
+        except DurationOutOfRange as exc:
+            return exc.field, exc.description
+    return None
+
+
+def check_breaker(breaker: control_pb2.ReplicaBreaker) -> tuple[str, str] | None:
+    """Why a reported breaker cannot be kept — (field, description) — or None."""
+    problem = identifier_problem(breaker.replica_id, MAX_ID_CHARS)
+    if problem is not None:
+        return "replica_id", problem
+    if breaker.state not in _BREAKER_STATES:
+        return "state", f"must be CLOSED, OPEN or HALF_OPEN, got {breaker.state}"
+    return None
+
+
+def check_shed_count(shed: control_pb2.ShedCount) -> tuple[str, str] | None:
+    """Why a reported shed count cannot be kept — (field, description) — or None."""
+    problem = identifier_problem(shed.reason, MAX_REASON_CHARS)
+    return None if problem is None else ("reason", problem)
+
+
+def check_tenant(tenant: control_pb2.TenantTraffic) -> tuple[str, str] | None:
+    """Why a reported tenant's traffic cannot be kept — (field, description) — or None."""
+    problem = identifier_problem(tenant.tenant, MAX_NAME_CHARS)
+    return None if problem is None else ("tenant", problem)
+
+
+_Item = TypeVar(
+    "_Item", control_pb2.ReplicaBreaker, control_pb2.ShedCount, control_pb2.TenantTraffic
+)
+
+
+def _keep_status_items(
+    items: Iterable[_Item],
+    *,
+    path: str,
+    key: str,
+    limit: int,
+    check: Callable[[_Item], tuple[str, str] | None],
+    reason: str,
+    result: IngestResult,
+) -> list[_Item]:
+    """The well-formed, first-of-their-key items of one status list, at most ``limit``
+    (copies); every other one dropped and counted under ``reason``."""
+    kept: list[_Item] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        problem = check(item)
+        if problem is not None:
+            name, description = problem
+            result.drop(reason, f"{path}[{i}].{name}", description)
+            continue
+        value: str = getattr(item, key)
+        if value in seen:
+            result.drop(reason, f"{path}[{i}].{key}", "repeats an earlier item")
+            continue
+        if len(kept) >= limit:
+            result.drop(reason, f"{path}[{i}]", f"more than {limit} items")
+            continue
+        seen.add(value)
+        copy = type(item)()
+        copy.CopyFrom(item)
+        kept.append(copy)
+    return kept
 
 
 class OutcomeAggregator:
@@ -255,7 +402,7 @@ class OutcomeAggregator:
                 reason, name, description = problem
                 result.drop(reason, f"requests[{i}].{name}", description)
                 continue
-            latency = to_seconds(outcome.latency)
+            latency = checked_seconds(outcome.latency, "latency", maximum_s=MAX_REPORTED_S)
             if tap is not None:
                 # Rollout evidence is not subject to the series cap: it only keeps the arms
                 # of running rollouts.
@@ -286,15 +433,41 @@ class OutcomeAggregator:
                 target.failed_batches += 1
         self.dropped_outcomes += result.dropped_total
 
-        if report.gateway_id.strip():
+        gateway_problem = identifier_problem(report.gateway_id, MAX_ID_CHARS, required=False)
+        if gateway_problem is not None:
+            result.drop("invalid_identifier", "gateway_id", gateway_problem)
+        elif report.gateway_id.strip():
+            costs = []
+            for i, cost in enumerate(report.cost_models):
+                cost_problem = check_cost_model(cost)
+                if cost_problem is not None:
+                    name, description = cost_problem
+                    result.drop("invalid_cost_model", f"cost_models[{i}].{name}", description)
+                    continue
+                costs.append(_copy_cost(cost))
+            breakers = _keep_status_items(
+                report.breakers, path="breakers", key="replica_id", limit=MAX_BREAKERS,
+                check=check_breaker, reason="invalid_breaker", result=result,
+            )  # fmt: skip
+            sheds = _keep_status_items(
+                report.sheds, path="sheds", key="reason", limit=MAX_SHED_REASONS,
+                check=check_shed_count, reason="invalid_shed_count", result=result,
+            )  # fmt: skip
+            tenants = _keep_status_items(
+                report.tenants, path="tenants", key="tenant", limit=MAX_TENANTS,
+                check=check_tenant, reason="invalid_tenant", result=result,
+            )  # fmt: skip
             previous = self._gateways.get(report.gateway_id)
             self._gateways[report.gateway_id] = GatewayReport(
                 gateway_id=report.gateway_id,
                 last_report_at=now,
                 concurrency_limit=report.concurrency_limit,
                 inflight=report.inflight,
-                cost_models=tuple(_copy_cost(c) for c in report.cost_models),
+                cost_models=tuple(costs),
                 reports=(previous.reports if previous else 0) + 1,
+                breakers=tuple(breakers),
+                sheds=tuple(sheds),
+                tenants=tuple(tenants),
             )
         self.reports_total += 1
         return result

@@ -26,6 +26,15 @@ operators (GetState) but do not bump the generation: each gateway measures its o
 work better than a once-a-second heartbeat could, and bumping on every heartbeat would push a
 fleet snapshot to every gateway every second per replica.
 
+Identifiers are bounded here, for every controller RPC (:func:`identifier_problem`): model and
+version names at :data:`MAX_NAME_CHARS` (the gateway's own model limit), replica and gateway
+ids at :data:`MAX_ID_CHARS` (a Kubernetes pod name always fits), addresses at
+:data:`MAX_ADDRESS_CHARS`, the free-text hardware label at :data:`MAX_LABEL_CHARS`. The
+controller repeats these strings in statuses, logs, fleet snapshots and GetState; an unbounded
+one (a megabyte of replica id) made the typed refusal itself too large for a gRPC C-core
+client's trailers. A too-long one is refused naming the field and its length, never repeating
+it.
+
 Pure and clock-injected: no I/O, no gRPC; the servicer maps the exceptions to statuses.
 """
 
@@ -37,17 +46,43 @@ from dataclasses import dataclass, replace
 
 from common.clock import Clock
 from common.cost_samples import MAX_WARMUP_SAMPLES
+from common.durations import DurationOutOfRange, checked_seconds
+from common.errors import echo
 from halcyon.v1 import fleet_pb2
 
 __all__ = [
+    "MAX_ADDRESS_CHARS",
+    "MAX_ID_CHARS",
+    "MAX_LABEL_CHARS",
+    "MAX_NAME_CHARS",
     "FleetRegistry",
     "InvalidDescriptor",
     "LeaseExpired",
     "Member",
     "ReplicaIdInUse",
     "UnknownMember",
+    "identifier_problem",
     "validate_descriptor",
 ]
+
+# Model and version names: the gateway's model limit.
+MAX_NAME_CHARS = 128
+# A replica's hardware label: free text for operators, never repeated in a status.
+MAX_LABEL_CHARS = 4096
+# Replica and gateway ids: a DNS subdomain name, so a Kubernetes pod name always fits.
+MAX_ID_CHARS = 253
+# host:port, a DNS name or a bracketed IPv6 address with its port.
+MAX_ADDRESS_CHARS = 261
+
+
+def identifier_problem(value: str, limit: int, *, required: bool = True) -> str | None:
+    """Why ``value`` is not an acceptable identifier (empty, or longer than ``limit``
+    characters), or None. The description never repeats the value."""
+    if required and not value.strip():
+        return "must not be empty"
+    if len(value) > limit:
+        return f"at most {limit} characters, got {len(value):,}"
+    return None
 
 
 class InvalidDescriptor(ValueError):
@@ -111,17 +146,15 @@ class Member:
 
 def validate_descriptor(descriptor: fleet_pb2.ReplicaDescriptor) -> None:
     """Raise :class:`InvalidDescriptor` for a registration no gateway could route to."""
-    if not descriptor.replica_id.strip():
-        raise InvalidDescriptor("replica_id", "must not be empty")
+    for name, limit, required in _DESCRIPTOR_IDENTIFIERS:
+        problem = identifier_problem(getattr(descriptor, name), limit, required=required)
+        if problem is not None:
+            if name == "address" and problem.startswith("must not be empty"):
+                problem += " (host:port of the WorkerService)"
+            raise InvalidDescriptor(name, problem)
     address = descriptor.address
-    if not address.strip():
-        raise InvalidDescriptor("address", "must not be empty (host:port of the WorkerService)")
     if any(c.isspace() for c in address):
-        raise InvalidDescriptor("address", f"must not contain whitespace, got {address!r}")
-    if not descriptor.model.strip():
-        raise InvalidDescriptor("model", "must not be empty")
-    if not descriptor.version.strip():
-        raise InvalidDescriptor("version", "must not be empty")
+        raise InvalidDescriptor("address", f"must not contain whitespace, got {echo(address)!r}")
     if descriptor.slots == 0:
         raise InvalidDescriptor("slots", "must be at least 1 (batches executed concurrently)")
     if not (math.isfinite(descriptor.speed) and descriptor.speed > 0.0):
@@ -130,9 +163,20 @@ def validate_descriptor(descriptor: fleet_pb2.ReplicaDescriptor) -> None:
         )
     if len(descriptor.runtime) > MAX_RUNTIME_CHARS or any(c.isspace() for c in descriptor.runtime):
         raise InvalidDescriptor(
-            "runtime", f"must be a runtime kind such as 'simulated', got {descriptor.runtime!r}"
+            "runtime",
+            f"must be a runtime kind such as 'simulated', got {echo(descriptor.runtime)!r}",
         )
     _validate_warmup(descriptor.warmup)
+
+
+# (field, longest, required) of every string a descriptor carries but ``runtime``.
+_DESCRIPTOR_IDENTIFIERS = (
+    ("replica_id", MAX_ID_CHARS, True),
+    ("address", MAX_ADDRESS_CHARS, True),
+    ("model", MAX_NAME_CHARS, True),
+    ("version", MAX_NAME_CHARS, True),
+    ("hardware", MAX_LABEL_CHARS, False),
+)
 
 
 # A runtime kind is a short word ("simulated", "onnx", "oip").
@@ -158,20 +202,14 @@ def _validate_warmup(samples: Sequence[fleet_pb2.CostSample]) -> None:
                 f"{sample.longest_output_tokens} is more than the batch's "
                 f"{sample.batch_tokens} work tokens",
             )
-        d = sample.device_time
         if not sample.HasField("device_time"):
             raise InvalidDescriptor(f"{field}.device_time", "must be set")
-        if (
-            d.seconds < 0
-            or not 0 <= d.nanos <= 999_999_999
-            or d.seconds > MAX_WARMUP_DEVICE_S
-            or (d.seconds == MAX_WARMUP_DEVICE_S and d.nanos > 0)
-        ):
-            raise InvalidDescriptor(
-                f"{field}.device_time",
-                f"must be a duration between 0 and {MAX_WARMUP_DEVICE_S} s, got "
-                f"{d.seconds} s {d.nanos} ns",
+        try:
+            checked_seconds(
+                sample.device_time, f"{field}.device_time", maximum_s=MAX_WARMUP_DEVICE_S
             )
+        except DurationOutOfRange as exc:
+            raise InvalidDescriptor(exc.field, exc.description) from None
 
 
 class FleetRegistry:
@@ -300,7 +338,7 @@ class FleetRegistry:
         member = self._members.get(replica_id)
         if member is None or (session is not None and member.session != session):
             raise UnknownMember(
-                f"replica {replica_id!r} is not a fleet member; GetState lists the replicas "
+                f"replica {echo(replica_id)!r} is not a fleet member; GetState lists the replicas "
                 "registered now"
             )
         return member

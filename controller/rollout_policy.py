@@ -5,6 +5,14 @@ What it decides: how a ``RolloutPolicy`` message becomes a :class:`controller.ca
 value is ``INVALID_ARGUMENT`` naming ``policy.<field>``), and how the *effective* policy is
 stored with the rollout — every field, defaults included, so a rollout resumed after an upgrade
 that changed a default is still judged by the guards it started with.
+
+Every field is bounded, so a stored policy is always one the API can show again and a rollout
+can actually finish: ``window`` is at most :data:`MAX_WINDOW_S` and ``max_duration`` at most
+:data:`MAX_ROLLOUT_DURATION_S` (both checked by :func:`common.durations.checked_seconds`: a
+malformed, negative or zero Duration is refused the same way), and the window may not be longer
+than the rollout's maximum duration (no window could ever be judged); the counts are at most
+:data:`MAX_MIN_REQUESTS` and :data:`MAX_WINDOWS`. The doubles are checked by
+:mod:`controller.rollout_requests` (finite, in range).
 """
 
 from __future__ import annotations
@@ -13,12 +21,36 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from common.durations import to_duration, to_seconds
+from common.durations import DurationOutOfRange, checked_seconds, to_duration
 from common.errors import RichError, invalid_argument
 from controller.canary import JudgePolicy
 from halcyon.v1 import control_pb2
 
-__all__ = ["policy_from_dict", "policy_from_pb", "policy_to_dict", "policy_to_pb"]
+__all__ = [
+    "MAX_MIN_REQUESTS",
+    "MAX_ROLLOUT_DURATION_S",
+    "MAX_WINDOWS",
+    "MAX_WINDOW_S",
+    "policy_from_dict",
+    "policy_from_pb",
+    "policy_to_dict",
+    "policy_to_pb",
+]
+
+# The longest analysis window an operator may set.
+MAX_WINDOW_S = 3600.0
+# The longest a rollout may be allowed to run before it is rolled back (7 days).
+MAX_ROLLOUT_DURATION_S = 7 * 24 * 3600.0
+# min_requests per arm per window, at most.
+MAX_MIN_REQUESTS = 1_000_000
+# healthy_windows_to_advance and unhealthy_windows_to_rollback, at most.
+MAX_WINDOWS = 1000
+# Message integer field -> its maximum (0 still means "the default").
+_COUNT_LIMITS = {
+    "min_requests": MAX_MIN_REQUESTS,
+    "healthy_windows_to_advance": MAX_WINDOWS,
+    "unhealthy_windows_to_rollback": MAX_WINDOWS,
+}
 
 _FIELDS = frozenset(f.name for f in dataclasses.fields(JudgePolicy))
 # Message field -> JudgePolicy field, for the plain numbers (0 means "the default").
@@ -33,6 +65,7 @@ _NUMBERS = {
 }
 # Message Duration field -> JudgePolicy seconds field (unset means "the default").
 _DURATIONS = {"window": "window_s", "max_duration": "max_duration_s"}
+_DURATION_LIMITS = {"window": MAX_WINDOW_S, "max_duration": MAX_ROLLOUT_DURATION_S}
 _MESSAGE_FIELD = {v: k for k, v in {**_NUMBERS, **_DURATIONS}.items()}
 
 
@@ -55,16 +88,31 @@ def policy_from_pb(
     values = dataclasses.asdict(defaults or JudgePolicy())
     for message_field, judge_field in _NUMBERS.items():
         value = getattr(policy, message_field)
+        limit = _COUNT_LIMITS.get(message_field)
+        if limit is not None and value > limit:
+            raise invalid_argument(
+                f"policy.{message_field}", f"at most {limit:,} (0 = default), got {value:,}"
+            )
         if value:
             values[judge_field] = value
     for message_field, judge_field in _DURATIONS.items():
         if policy.HasField(message_field):
-            seconds = to_seconds(getattr(policy, message_field))
-            if seconds <= 0.0:
-                raise invalid_argument(
-                    f"policy.{message_field}", f"must be positive when set, got {seconds:g}s"
+            try:
+                values[judge_field] = checked_seconds(
+                    getattr(policy, message_field),
+                    f"policy.{message_field}",
+                    maximum_s=_DURATION_LIMITS[message_field],
+                    positive=True,
                 )
-            values[judge_field] = seconds
+            except DurationOutOfRange as exc:
+                raise invalid_argument(exc.field, exc.description) from None
+    if values["window_s"] > values["max_duration_s"]:
+        field = "policy.window" if policy.HasField("window") else "policy.max_duration"
+        raise invalid_argument(
+            field,
+            f"the window ({values['window_s']:g} s) is longer than the rollout's maximum "
+            f"duration ({values['max_duration_s']:g} s): no window could ever be judged",
+        )
     return _judge_policy(values)
 
 

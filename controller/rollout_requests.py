@@ -10,24 +10,58 @@ accepted and means "then promote" (what users type first), because promotion alw
 the last step — a baseline always exists to compare against (defect 2 of the original).
 Whether the model and its canary replicas exist is the rollout manager's question, not this
 module's: that depends on the fleet, this only on the request.
+
+Names are bounded like a registration's (:func:`controller.registry.identifier_problem`:
+model and canary version at most :data:`~controller.registry.MAX_NAME_CHARS` characters), an
+abort reason at :data:`MAX_REASON_CHARS`, and the policy's ratios at :data:`MAX_RATIO` (a
+larger one would switch the guard off; say so with the largest). A refusal names the field and
+never repeats a long value.
 """
 
 from __future__ import annotations
 
 import math
 
-from common.errors import invalid_argument
+from common.errors import echo, invalid_argument
 from controller.canary import InvalidSteps, JudgePolicy, normalize_steps
+from controller.registry import MAX_NAME_CHARS, identifier_problem
 from controller.rollout_policy import policy_from_pb
 from controller.rollouts import StartRequest
 from halcyon.v1 import control_pb2
 
-__all__ = ["parse_start", "validate_model", "validate_policy", "validate_steps"]
+__all__ = [
+    "MAX_RATIO",
+    "MAX_REASON_CHARS",
+    "parse_start",
+    "validate_model",
+    "validate_name",
+    "validate_policy",
+    "validate_reason",
+    "validate_steps",
+]
+
+# The largest max_error_rate_ratio / max_p95_ratio: a canary 1,000 times worse is not one.
+MAX_RATIO = 1000.0
+# An operator's abort reason, stored with the decision.
+MAX_REASON_CHARS = 1024
+
+
+def validate_name(value: str, field: str) -> None:
+    """INVALID_ARGUMENT naming ``field`` for an empty or too long name."""
+    problem = identifier_problem(value, MAX_NAME_CHARS)
+    if problem is not None:
+        raise invalid_argument(field, "is required" if not value.strip() else problem)
 
 
 def validate_model(model: str) -> None:
-    if not model.strip():
-        raise invalid_argument("model", "is required")
+    validate_name(model, "model")
+
+
+def validate_reason(reason: str) -> None:
+    if len(reason) > MAX_REASON_CHARS:
+        raise invalid_argument(
+            "reason", f"at most {MAX_REASON_CHARS} characters, got {len(reason):,}"
+        )
 
 
 def validate_steps(steps: list[float] | tuple[float, ...]) -> tuple[float, ...]:
@@ -51,8 +85,13 @@ def validate_policy(policy: control_pb2.RolloutPolicy) -> JudgePolicy:
             "policy.max_error_rate_increase",
             f"is an absolute error-rate difference in [0, 1], got {policy.max_error_rate_increase}",
         )
-    _finite_non_negative(policy.max_error_rate_ratio, "policy.max_error_rate_ratio")
-    _finite_non_negative(policy.max_p95_ratio, "policy.max_p95_ratio")
+    for field in ("max_error_rate_ratio", "max_p95_ratio"):
+        value = getattr(policy, field)
+        _finite_non_negative(value, f"policy.{field}")
+        if value > MAX_RATIO:
+            raise invalid_argument(
+                f"policy.{field}", f"at most {MAX_RATIO:g} (0 = default), got {value:g}"
+            )
     _finite_non_negative(policy.false_alarm_rate, "policy.false_alarm_rate")
     return policy_from_pb(policy)
 
@@ -65,12 +104,12 @@ def parse_start(
     ``stable_version`` is the model's current stable version, if it has one.
     """
     validate_model(request.model)
-    if not request.canary_version.strip():
-        raise invalid_argument("canary_version", "is required")
+    validate_name(request.canary_version, "canary_version")
     if stable_version is not None and request.canary_version == stable_version:
         raise invalid_argument(
             "canary_version",
-            f"{request.canary_version!r} is already the stable version of {request.model!r}",
+            f"{echo(request.canary_version)!r} is already the stable version of "
+            f"{echo(request.model)!r}",
         )
     steps = validate_steps(list(request.step_percents))
     policy = validate_policy(request.policy)

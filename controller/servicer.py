@@ -10,6 +10,15 @@ Authorization is not checked here: the host's :class:`common.auth.AuthPolicy` re
 before its handler runs, per :data:`common.auth.METHOD_ACCESS` — workers and gateways need the
 fleet credential (WorkerSession, WatchFleet, ReportOutcomes), everything else needs the
 operator credential.
+
+Input bounds are checked before anything is looked up or echoed: identifiers by
+:func:`controller.registry.identifier_problem` (a replica id in DrainReplica / UndrainReplica,
+a gateway id in WatchFleet; registrations in :func:`controller.registry.validate_descriptor`,
+rollout names in :mod:`controller.rollout_requests`), Durations by
+:func:`common.durations.checked_seconds` (a :class:`~common.durations.DurationOutOfRange`
+anywhere becomes INVALID_ARGUMENT naming its field, here). Report streams never refuse: an
+out-of-range item is dropped and counted (:mod:`controller.outcomes`). Every value a status
+repeats goes through :func:`common.errors.echo`.
 """
 
 from __future__ import annotations
@@ -22,7 +31,16 @@ from typing import NoReturn
 import grpc
 import grpc.aio
 
-from common.errors import Reason, RichError, abort, invalid_argument, not_found_model
+from common.durations import DurationOutOfRange
+from common.errors import (
+    Reason,
+    RichError,
+    abort,
+    echo,
+    internal,
+    invalid_argument,
+    not_found_model,
+)
 from controller import drain_advice, rollout_requests
 from controller.convert import (
     WallClock,
@@ -36,7 +54,12 @@ from controller.drop_log import DropLog
 from controller.fleet import FleetManager, SessionEnd, WorkerSessionHandle
 from controller.metrics import ControllerMetrics
 from controller.outcomes import OutcomeAggregator
-from controller.registry import InvalidDescriptor, UnknownMember
+from controller.registry import (
+    MAX_ID_CHARS,
+    InvalidDescriptor,
+    UnknownMember,
+    identifier_problem,
+)
 from controller.rollouts import (
     DecisionNotStored,
     NoActiveRollout,
@@ -90,6 +113,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             err = exc
         elif isinstance(exc, InvalidDescriptor):
             err = invalid_argument(f"register.{exc.field}", exc.description)
+        elif isinstance(exc, DurationOutOfRange):
+            err = invalid_argument(exc.field, exc.description)
         elif isinstance(exc, UnknownMember):
             err = RichError(grpc.StatusCode.NOT_FOUND, str(exc), reason=Reason.UNKNOWN_REPLICA)
         elif isinstance(exc, UnknownModel):
@@ -120,7 +145,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             )
         else:  # pragma: no cover - a bug; do not leak internals to the caller
             _log.exception("unexpected error in ControlService", exc_info=exc)
-            err = RichError(grpc.StatusCode.INTERNAL, "internal error in the controller")
+            err = internal("internal error in the controller")
         await abort(context, err)
 
     def _shutting_down(self) -> RichError:
@@ -202,6 +227,9 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         feed = self._fleet.feed
         if feed.closed:
             await self._fail(context, self._shutting_down())
+        problem = identifier_problem(request.gateway_id, MAX_ID_CHARS, required=False)
+        if problem is not None:
+            await self._fail(context, invalid_argument("gateway_id", problem))
         self._metrics.fleet_watchers.inc()
         _log.info("fleet watcher connected", extra={"gateway_id": request.gateway_id})
         sent: int | None = None
@@ -260,7 +288,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         result = self._outcomes.ingest(report)
         self._metrics.count_outcomes(result.counted, result.dropped)
         if result.dropped:
-            self._drop_log.record(report.gateway_id, result.dropped, result.problem)
+            self._drop_log.record(echo(report.gateway_id), result.dropped, result.problem)
         return 1
 
     # -- operator RPCs ------------------------------------------------------------------------
@@ -270,19 +298,19 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.GetStateResponse:
         rollouts = await asyncio.to_thread(self._store.list_rollouts)
         latest = await asyncio.to_thread(self._store.latest_decisions)
+        gateways = [gateway_to_pb(report, self._wall) for report in self._outcomes.gateways()]
         return control_pb2.GetStateResponse(
             replicas=[member_to_pb(m, self._wall) for m in self._fleet.registry.members()],
             routing=self._fleet.view.resolution().routes,
             rollouts=[rollout_to_pb(r, latest.get(r.id)) for r in rollouts],
-            gateways=[gateway_to_pb(g, self._wall) for g in self._outcomes.gateways()],
+            gateways=gateways,
             outcomes=[version_outcomes_to_pb(w) for w in self._outcomes.windows()],
         )
 
     async def DrainReplica(
         self, request: control_pb2.DrainReplicaRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.DrainReplicaResponse:
-        if not request.replica_id.strip():
-            await self._fail(context, invalid_argument("replica_id", "is required"))
+        await self._check_replica_id(request.replica_id, context)
         try:
             member = self._fleet.drain(request.replica_id, "operator request")
         except UnknownMember as exc:
@@ -294,8 +322,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def UndrainReplica(
         self, request: control_pb2.UndrainReplicaRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.UndrainReplicaResponse:
-        if not request.replica_id.strip():
-            await self._fail(context, invalid_argument("replica_id", "is required"))
+        await self._check_replica_id(request.replica_id, context)
         try:
             member, was_draining = self._fleet.undrain(request.replica_id, "operator request")
         except UnknownMember as exc:
@@ -305,6 +332,12 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             was_draining=was_draining,
             next_steps=drain_advice.after_undrain(member, was_draining),
         )
+
+    async def _check_replica_id(self, replica_id: str, context: grpc.aio.ServicerContext) -> None:
+        problem = identifier_problem(replica_id, MAX_ID_CHARS)
+        if problem is not None:
+            description = "is required" if not replica_id.strip() else problem
+            await self._fail(context, invalid_argument("replica_id", description))
 
     async def StartRollout(
         self, request: control_pb2.StartRolloutRequest, context: grpc.aio.ServicerContext
@@ -335,6 +368,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> control_pb2.AbortRolloutResponse:
         try:
             rollout_requests.validate_model(request.model)
+            rollout_requests.validate_reason(request.reason)
             record = await self._rollouts.abort(request.model, request.reason.strip())
             latest = await self._latest(record.id)
         except Exception as exc:
@@ -346,7 +380,10 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         return found[0] if found else None
 
     async def _check_known(self, model: str) -> None:
-        """NOT_FOUND for a model named in a request that the controller has never heard of."""
+        """NOT_FOUND for a model named in a request that the controller has never heard of
+        (INVALID_ARGUMENT for a name longer than any model's)."""
+        if model:
+            rollout_requests.validate_model(model)
         if model and not await self._rollouts.knows_model(model):
             raise UnknownModel(model)
 
@@ -356,7 +393,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         limit = min(request.limit or DEFAULT_DECISIONS, MAX_DECISIONS)
         try:
             await self._check_known(request.model)
-        except UnknownModel as exc:
+        except (UnknownModel, RichError) as exc:
             await self._fail(context, exc)
         decisions = await asyncio.to_thread(
             self._store.list_decisions, request.model or None, limit=limit
@@ -370,7 +407,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> None:
         try:
             await self._check_known(request.model)
-        except UnknownModel as exc:
+        except (UnknownModel, RichError) as exc:
             await self._fail(context, exc)
         feed = self._rollouts.feed
         if feed.closed:
@@ -414,5 +451,8 @@ def _watch_item(decision: DecisionRecord) -> control_pb2.WatchRolloutDecisionsRe
 
 def _precondition(exc: Exception, reason: Reason, **metadata: str) -> RichError:
     return RichError(
-        grpc.StatusCode.FAILED_PRECONDITION, str(exc), reason=reason, metadata=metadata
+        grpc.StatusCode.FAILED_PRECONDITION,
+        echo(str(exc), 1024),
+        reason=reason,
+        metadata={k: echo(v) for k, v in metadata.items()},
     )

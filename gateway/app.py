@@ -67,7 +67,7 @@ from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
 from gateway.batching import Batch, BatcherConfig, FlushReason, Objective
 from gateway.batching.fixed import BatchingStrategy, make_batcher
-from gateway.controller_link import ControllerLink
+from gateway.controller_link import ControllerLink, GatewayHealth
 from gateway.dispatcher import (
     EXECUTE_BATCH_METHOD,
     InferResult,
@@ -86,6 +86,7 @@ from gateway.metrics import (
     LoopSnapshot,
     ReplicaSample,
     RequestSeries,
+    TenantTotals,
 )
 from gateway.routing import BreakerState, HedgePolicy, PeakEwmaRouter
 from gateway.validation import ValidRequest, validate
@@ -393,7 +394,9 @@ class GatewayApp:
                 self.apply_snapshot,
                 self._report_status,
                 cfg.report_interval_s,
+                report_health=self._report_health,
             )
+            self.metrics.dropped_outcomes.read_from(self.link.dropped_total)
             self.link.start()
         else:
             log.warning("no --controller given: the gateway has no fleet and will not be ready")
@@ -766,7 +769,6 @@ class GatewayApp:
         self.metrics.queued.set(sum(d.batcher.depth for d in self.dispatchers.values()))
         if self.link is not None:
             self.metrics.controller_connected.set(1 if self.link.connected else 0)
-            self.metrics.dropped_reports.set(self.link.dropped_outcomes)
         models = []
         for d in self.dispatchers.values():
             for rid in d.replicas:
@@ -783,6 +785,18 @@ class GatewayApp:
                     )
                 )
         return limiter.limit, self._inflight, models
+
+    def _report_health(self) -> GatewayHealth:
+        """Breakers, sheds and tenants for the controller link's report (once per report)."""
+        now = self.clock.now()
+        breakers = [
+            (view.replica_id, view.breaker)
+            for d in self.dispatchers.values()
+            for view in d.router.views(now)
+        ]
+        totals = self.metrics.tenant_totals()
+        tenants = {t.name: totals.get(t.name, TenantTotals()) for t in self.tenants}
+        return GatewayHealth(breakers, self.metrics.shed_totals(), tenants)
 
     def _take_snapshot(self) -> GatewaySnapshot:
         """What the gateway exports at scrape time; runs on the loop (``LoopSnapshot``)."""

@@ -6,11 +6,11 @@
 
 The data path never waits on either. If the controller goes away the gateway keeps serving
 on the last snapshot, outcome reports queue in a bounded buffer (oldest dropped first, and
-counted), and both streams reconnect with capped exponential backoff and jitter. An
-unreachable controller is waited for by the channel (``wait_for_ready``; connection attempts
-at most a second apart), so a restarted one is resubscribed to within about a second; the
-backoff is for refusals. A stream that ended after delivering snapshots is resubscribed after
-the first, short backoff step.
+counted: ``halcyon_gateway_dropped_outcome_reports_total``), and both streams reconnect with
+capped exponential backoff and jitter. An unreachable controller is waited for by the channel
+(``wait_for_ready``; connection attempts at most a second apart), so a restarted one is
+resubscribed to within about a second; the backoff is for refusals. A stream that ended
+after delivering snapshots is resubscribed after the first, short backoff step.
 
 Outcome reports are the evidence canaries are judged on, so a report is only forgotten once
 the controller has acknowledged it: each second's report is sent with the ones still unsent in
@@ -21,6 +21,16 @@ lost after the controller counted a report but before it answered makes it count
 resend, which is rare and far better than losing every outcome of an outage. Outcomes without
 a version (no fleet snapshot yet, or a model with no stable version) are not evidence for any
 version and are not recorded.
+
+Each report also carries the gateway's status for GetState and the operator console, read
+from the state's one owner when the report is built (once per interval, never per request):
+the limiter's limit and the in-flight count, the learned cost models, each replica's breaker
+state (the routers'), and requests shed by reason and traffic per tenant (the metrics'
+counters, :meth:`gateway.metrics.GatewayMetrics.shed_totals` and ``tenant_totals``). Shed and
+tenant counts are cumulative since the gateway started, as its Prometheus counters are, so a
+lost or repeated report costs the controller nothing; the controller turns them into rates.
+At most :data:`MAX_REPORTED_TENANTS` tenants are named (in name order, so the set is stable
+from report to report); the rest are summed as :data:`OTHER_TENANTS`.
 """
 
 from __future__ import annotations
@@ -31,13 +41,16 @@ import logging
 import random
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import grpc
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff
 from common.durations import set_duration
+from gateway.metrics import TenantTotals
+from gateway.routing.breaker import BreakerState
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
 
 log = logging.getLogger("halcyon.gateway.controller_link")
@@ -45,8 +58,57 @@ log = logging.getLogger("halcyon.gateway.controller_link")
 MAX_BUFFERED_OUTCOMES = 50_000
 REPORT_TIMEOUT_S = 5.0
 
+# Tenants named in one report; the rest are summed under OTHER_TENANTS.
+MAX_REPORTED_TENANTS = 256
+OTHER_TENANTS = "(other)"
+
 # (model, version, replica id, RequestOutcomeKind, latency seconds)
 OutcomeRecord = tuple[str, str, str, int, float]
+
+_BREAKER_STATES = {
+    BreakerState.CLOSED: control_pb2.BREAKER_STATE_CLOSED,
+    BreakerState.OPEN: control_pb2.BREAKER_STATE_OPEN,
+    BreakerState.HALF_OPEN: control_pb2.BREAKER_STATE_HALF_OPEN,
+}
+
+
+@dataclass(frozen=True)
+class GatewayHealth:
+    """What a report says of the gateway beyond its limiter: read from their owners on the loop.
+
+    ``breakers``: (replica id, state) for every replica a router holds; ``sheds``: requests
+    shed so far by reason; ``tenants``: each tenant's calls so far (both cumulative).
+    """
+
+    breakers: Sequence[tuple[str, BreakerState]] = ()
+    sheds: Mapping[str, int] = field(default_factory=dict)
+    tenants: Mapping[str, TenantTotals] = field(default_factory=dict)
+
+
+def add_health(report: control_pb2.ReportOutcomesRequest, health: GatewayHealth) -> None:
+    """Fill ``report``'s ``breakers``, ``sheds`` and ``tenants`` from ``health``; tenants capped
+    at :data:`MAX_REPORTED_TENANTS` in name order, the rest summed as :data:`OTHER_TENANTS`."""
+    for rid, state in sorted(health.breakers):
+        report.breakers.add(replica_id=rid, state=_BREAKER_STATES[state])
+    for reason, count in sorted(health.sheds.items()):
+        report.sheds.add(reason=reason, count=count)
+    names = sorted(health.tenants)
+    rows = [(name, health.tenants[name]) for name in names[:MAX_REPORTED_TENANTS]]
+    if len(names) > MAX_REPORTED_TENANTS:
+        other = TenantTotals()
+        for name in names[MAX_REPORTED_TENANTS:]:
+            other.add(health.tenants[name])
+        rows.append((OTHER_TENANTS, other))
+    for name, t in rows:
+        report.tenants.add(
+            tenant=name,
+            requests=t.requests,
+            admitted=t.admitted,
+            quota_refused=t.quota_refused,
+            shed=t.shed,
+            ok=t.ok,
+            errors=t.errors,
+        )
 
 
 class ControllerLink:
@@ -60,16 +122,20 @@ class ControllerLink:
         on_snapshot: Callable[[control_pb2.WatchFleetResponse, bool], None],
         report_status: Callable[[], tuple[int, int, list[fleet_pb2.CostModel]]],
         report_interval_s: float = 1.0,
+        report_health: Callable[[], GatewayHealth] | None = None,
     ) -> None:
         self._stub = control_pb2_grpc.ControlServiceStub(channel)
         self._gateway_id = gateway_id
         self._metadata = bearer_metadata(fleet_token)
         self._on_snapshot = on_snapshot
         self._report_status = report_status
+        self._report_health = report_health
         self._interval = report_interval_s
         # Raw tuples on the data path; protobuf is built once per report, off the hot path.
         self._requests: deque[OutcomeRecord] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
         self._batches: deque[control_pb2.BatchOutcome] = deque(maxlen=MAX_BUFFERED_OUTCOMES)
+        # Outcomes dropped unacknowledged (a full buffer or the oldest reports): a running
+        # total, exported as halcyon_gateway_dropped_outcome_reports_total (dropped_total).
         self.dropped_outcomes = 0
         # Outcomes with no version: not recorded (they are evidence for no version).
         self.unversioned_outcomes = 0
@@ -82,6 +148,10 @@ class ControllerLink:
         self._tasks: list[asyncio.Task[None]] = []
         self._backoff = Backoff(initial_s=0.1, max_s=5.0)
         self._rng = random.Random()
+
+    def dropped_total(self) -> int:
+        """Outcomes dropped so far (never decreases; read from any thread, e.g. at a scrape)."""
+        return self.dropped_outcomes
 
     # -- outcomes (called on the data path: O(1), never blocks) --------------------------
     def record_request(
@@ -184,6 +254,8 @@ class ControllerLink:
             inflight=inflight,
             cost_models=models,
         )
+        if self._report_health is not None:
+            add_health(report, self._report_health())
         # One outcome per request, built in place rather than built and copied in: the
         # cheapest form for thousands a second.
         add = report.requests.add

@@ -61,6 +61,7 @@ from common.errors import (
     Reason,
     RichError,
     deadline_missed,
+    internal,
     parse_rpc_error,
     unavailable,
 )
@@ -665,7 +666,7 @@ class VersionDispatcher:
                 )
             self._settle(flight, lease, None, rich)
         else:
-            self._settle(flight, lease, None, RichError(grpc.StatusCode.INTERNAL, str(err)))
+            self._settle(flight, lease, None, internal(str(err)))
 
     def _settle(
         self,

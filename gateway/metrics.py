@@ -3,7 +3,8 @@
 What it decides: what an operator sees of the four decisions — requests, outcomes, goodput and
 latency per tenant, model and version; sheds by reason and priority; batch sizes and flush
 reasons; the adaptive limit; hedges; and, read at scrape time, each replica's routing state,
-each tenant's quota balance and each model's version weights.
+each tenant's quota balance, each model's version weights and the outcomes the controller link
+dropped (a counter whose count the link keeps: :class:`RunningTotal`).
 
 Label domains stay small and fixed (design section 6): ``tenant`` is a configured tenant's name
 (``none`` before a key matched), ``model`` a model the fleet serves (``unknown`` for any other
@@ -11,6 +12,11 @@ name a client sends — client input never becomes a label), ``version`` a versi
 routes to (``none`` before one was chosen), ``outcome``, ``reason`` and ``priority`` fixed
 enumerations. Per-request cost: one dict lookup for the (tenant, model, version)
 :class:`RequestSeries` at admission, then plain-int increments and one bisect (ADR 0014).
+
+The counters are also the one count the controller link reports (once per report, on the
+loop): :meth:`GatewayMetrics.shed_totals` (sheds by reason) and
+:meth:`GatewayMetrics.tenant_totals` (each tenant's calls by how they ended) read the buffered
+counts, cumulative since the gateway started, so there is no second tally to drift.
 
 Scrape-time state is computed on the event loop that owns it (:class:`LoopSnapshot`): the
 router's breakers and the quota buckets change state when read, and must not be read from the
@@ -26,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Generic, Protocol, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from common.buffered_metrics import BufferedCounter, LoopHistogram, ScrapeHooks
@@ -43,6 +49,8 @@ __all__ = [
     "LoopSnapshot",
     "ReplicaSample",
     "RequestSeries",
+    "RunningTotal",
+    "TenantTotals",
 ]
 
 # Every way an Infer call can end (the ``outcome`` label): ``ok``, ``cancelled`` (the client
@@ -84,6 +92,12 @@ BREAKER_STATES = ("closed", "open", "half_open")
 NO_TENANT = "none"  # no API key matched (yet)
 UNKNOWN_MODEL = "unknown"  # a model name the fleet does not serve
 NO_VERSION = "none"  # refused before a version was chosen
+# Outcomes of requests that never got past admission (validation, quota, the limiter).
+_REFUSED_AT_ADMISSION = frozenset(
+    {"invalid_argument", "unauthenticated", "wrong_role", "unknown_model", "quota_exceeded",
+     "overloaded", "shutting_down"}
+)  # fmt: skip
+_FAILED = frozenset({"upstream_failure", "internal"})
 
 _LATENCY_BUCKETS = (
     0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 2.0, 5.0,
@@ -150,6 +164,26 @@ class GatewaySnapshot:
     weights: dict[tuple[str, str], float] = field(default_factory=dict)
     # tenant -> tokens of predicted work in its bucket now (negative while paying off).
     quota_tokens: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class TenantTotals:
+    """One tenant's Infer calls so far, summed over models and versions (cumulative)."""
+
+    requests: int = 0
+    admitted: int = 0
+    quota_refused: int = 0
+    shed: int = 0
+    ok: int = 0
+    errors: int = 0
+
+    def add(self, other: TenantTotals) -> None:
+        self.requests += other.requests
+        self.admitted += other.admitted
+        self.quota_refused += other.quota_refused
+        self.shed += other.shed
+        self.ok += other.ok
+        self.errors += other.errors
 
 
 class LoopSnapshot(Generic[T]):
@@ -276,6 +310,32 @@ class _SnapshotCollector(Collector):
         )
 
 
+class RunningTotal(Collector):
+    """A counter family whose count another object keeps: ``read`` at every scrape.
+
+    For a total with one owner that is not a metrics object (the controller link's dropped
+    outcomes, counted where they are dropped, on the data path, as a plain int): exported as
+    a Prometheus counter (``<name>_total``) without a second copy of the count to keep in step.
+    ``read`` must be callable from the metrics HTTP server's thread (reading an int attribute
+    is) and never decrease. 0 until :meth:`read_from` names a source.
+    """
+
+    def __init__(self, name: str, documentation: str, registry: CollectorRegistry) -> None:
+        self._name = name
+        self._documentation = documentation
+        self._read: Callable[[], float] = lambda: 0
+        registry.register(self)
+
+    def read_from(self, read: Callable[[], float]) -> None:
+        self._read = read
+
+    def describe(self) -> list[CounterMetricFamily]:
+        return [CounterMetricFamily(self._name, self._documentation)]
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        yield CounterMetricFamily(self._name, self._documentation, value=self._read())
+
+
 class GatewayMetrics:
     """``halcyon_gateway_*`` families, with children pre-bound for the hot path."""
 
@@ -381,10 +441,12 @@ class GatewayMetrics:
             "1 while the fleet stream from the controller is up.",
             registry=registry,
         )
-        self.dropped_reports = Gauge(
+        # The count is the controller link's (one owner); the family reads it at scrape time.
+        self.dropped_outcomes = RunningTotal(
             "halcyon_gateway_dropped_outcome_reports",
-            "Outcome reports dropped because the controller was unreachable too long.",
-            registry=registry,
+            "Outcomes (request and batch) dropped before the controller acknowledged them: the "
+            "report buffer overflowed while the controller was unreachable.",
+            registry,
         )
         self._registry = registry
 
@@ -411,6 +473,39 @@ class GatewayMetrics:
         counter = self.shed.get((reason, priority))
         if counter is not None:
             counter.inc()
+
+    def shed_totals(self) -> dict[str, int]:
+        """Requests shed so far by reason, summed over priorities (cumulative; read on the
+        loop, once per report — the counters stay the one count)."""
+        totals = dict.fromkeys(SHED_REASONS, 0)
+        for (reason, _), counter in self.shed.items():
+            totals[reason] += counter.count
+        return totals
+
+    def tenant_totals(self) -> dict[str, TenantTotals]:
+        """Each tenant's Infer calls so far, from the request counters (cumulative; read on the
+        loop, once per report). Calls with no tenant (no API key matched) are not a tenant's."""
+        totals: dict[str, TenantTotals] = {}
+        for (tenant, _, _), series in self._series.items():
+            if tenant == NO_TENANT:
+                continue
+            entry = totals.setdefault(tenant, TenantTotals())
+            for outcome, counter in series.outcomes.items():
+                n = counter.count
+                if not n:
+                    continue
+                entry.requests += n
+                if outcome not in _REFUSED_AT_ADMISSION:
+                    entry.admitted += n
+                if outcome == "quota_exceeded":
+                    entry.quota_refused += n
+                elif outcome in SHED_REASONS:
+                    entry.shed += n
+                elif outcome == "ok":
+                    entry.ok += n
+                elif outcome in _FAILED:
+                    entry.errors += n
+        return totals
 
     def watch(self, snapshot: LoopSnapshot[GatewaySnapshot]) -> None:
         """Export ``snapshot`` (replicas, routable versions, weights, quotas) at every scrape."""

@@ -43,6 +43,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
         "the loadtest sweep: offered rates x batching strategies, each on a fresh stack",
     ),
     "rollout": ("halcyon.rollout", "ship a new model version: start, status, watch, verify, …"),
+    "fleet": ("halcyon.fleet_cmd", "see the fleet; drain a replica and undrain it, by name"),
     "model": ("halcyon.model_cmd", "generate the ONNX model an ONNX Runtime worker serves"),
 }
 

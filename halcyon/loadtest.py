@@ -47,6 +47,17 @@ what the README tells clients to do: ``round_robin`` over every address with cli
 checking on that ``grpc.health.v1`` service name, so a gateway whose ``readiness`` turns
 NOT_SERVING (draining) gets no new calls.
 
+Objectives (``--slo p99=200ms,success=99.9%``): after the run, one line per objective — its
+target, what the run measured, PASS or FAIL — and exit 1 if any failed, so the command can gate
+a pipeline, as k6 fails a run whose thresholds are crossed with a non-zero exit
+(https://grafana.com/docs/k6/latest/using-k6/thresholds/). Latency quantiles (``p50``, ``p90``,
+``p95``, ``p99``, ``p999`` at most a duration in ``us``, ``ms`` or ``s``) are over successful
+requests from their first attempt, the report's own p50/p95/p99, nearest rank; ``success`` and
+``goodput`` (at least a percentage) are the report's success rate and on-time rate (answered OK,
+and answered OK within the deadline, of the requests that ended). A run without a successful
+request fails every latency objective. :func:`parse_slo` reads the list, :func:`judge` decides;
+without ``--slo`` nothing of the output changes.
+
 With ``--gateway-metrics HOST:PORT`` it reads the gateway's ``process_cpu_seconds_total`` and
 batch-size histogram before and after the run and reports the gateway's CPU time per request
 and how many batches it dispatched for them; ``--worker-metrics HOST:PORT[,...]`` adds the
@@ -68,6 +79,8 @@ import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 import grpc
@@ -139,6 +152,145 @@ def parse_range(text: str) -> tuple[int, int]:
     if not sep or lo < 1 or hi < lo:
         raise ValueError(f"not LO:HI with 1 <= LO <= HI: {text!r}")
     return lo, hi
+
+
+# --slo: latency quantiles (at most a duration) and rates (at least a percentage).
+SLO_QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+SLO_RATES = {
+    "success": "answered OK, of the requests that ended",
+    "goodput": "answered OK within their deadline, of the requests that ended",
+}
+_DURATION_UNITS_MS = {
+    "us": Fraction(1, 1000),
+    "µs": Fraction(1, 1000),
+    "ms": Fraction(1),
+    "s": Fraction(1000),
+}
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One term of ``--slo``: a latency quantile at most ``target`` ms, or a rate (``success``,
+    ``goodput``) at least ``target`` percent. ``text`` is the term as given."""
+
+    metric: str
+    target: Fraction  # milliseconds for a quantile, percent for a rate
+    text: str
+
+    @property
+    def is_latency(self) -> bool:
+        return self.metric in SLO_QUANTILES
+
+
+def _exact(number: str) -> Fraction | None:
+    """A plain decimal number (digits, one optional point) exactly, or None."""
+    if not number or number.strip() != number or not all(c.isdigit() or c == "." for c in number):
+        return None
+    try:
+        value = Fraction(Decimal(number))
+    except (InvalidOperation, ValueError):
+        return None
+    return value
+
+
+def parse_slo(text: str) -> list[Objective]:
+    """``METRIC=TARGET[,...]``: ``p50|p90|p95|p99|p999=<number>us|ms|s`` and
+    ``success|goodput=<number>%`` (0 < percent <= 100), each metric at most once.
+
+    Raises ValueError naming the term that is wrong and what was expected.
+    """
+    objectives: list[Objective] = []
+    known = ", ".join([*SLO_QUANTILES, *SLO_RATES])
+    for raw in text.split(","):
+        term = raw.strip()
+        if not term:
+            raise ValueError(f"empty objective in {text!r}; expected e.g. p99=200ms,success=99.9%")
+        metric, sep, value = (part.strip() for part in term.partition("="))
+        if not sep or not metric:
+            raise ValueError(f"{term!r}: not METRIC=TARGET, e.g. p99=200ms or success=99.9%")
+        if metric not in SLO_QUANTILES and metric not in SLO_RATES:
+            raise ValueError(f"{term!r}: unknown metric {metric!r}; known: {known}")
+        if any(o.metric == metric for o in objectives):
+            raise ValueError(f"{term!r}: {metric} given twice")
+        if metric in SLO_QUANTILES:
+            unit = next((u for u in ("us", "µs", "ms", "s") if value.endswith(u)), None)
+            number = _exact(value[: -len(unit)]) if unit else None
+            if unit is None or number is None or number <= 0:
+                raise ValueError(
+                    f"{term!r}: {metric} needs a positive duration with a unit (us, ms or s), "
+                    f"e.g. {metric}=200ms"
+                )
+            target = number * _DURATION_UNITS_MS[unit]
+        else:
+            number = _exact(value[:-1]) if value.endswith("%") else None
+            if number is None or not 0 < number <= 100:
+                raise ValueError(
+                    f"{term!r}: {metric} needs a percentage in (0, 100] with a % sign, "
+                    f"e.g. {metric}=99.9%"
+                )
+            target = number
+        objectives.append(Objective(metric, target, term))
+    return objectives
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """How one objective fared: ``measured`` in the objective's unit (ms or percent; None when
+    nothing was measured: no successful request, or no request at all)."""
+
+    objective: Objective
+    measured: float | None
+    passed: bool
+    count: tuple[int, int] | None = None  # for a rate: (meeting it, requests)
+
+
+def judge(
+    objectives: Sequence[Objective], latencies_ms: Sequence[float], report: dict[str, Any]
+) -> list[Verdict]:
+    """Each objective against one run: ``latencies_ms`` are the successful requests' latencies
+    (any order), ``report`` what :func:`summarize` returned. A quantile passes when it is at
+    most its target, a rate when it is at least its target; both exactly at the target pass."""
+    ordered = sorted(latencies_ms)
+    requests = int(report["requests"])
+    verdicts = []
+    for o in objectives:
+        if o.is_latency:
+            value = _quantile(ordered, SLO_QUANTILES[o.metric]) if ordered else None
+            verdicts.append(Verdict(o, value, value is not None and value <= o.target))
+            continue
+        meeting = int(report["ok"] if o.metric == "success" else report["on_time"])
+        if not requests:
+            verdicts.append(Verdict(o, None, False, (meeting, requests)))
+            continue
+        # Exact: 999 of 1000 meets 99.9%, whatever binary floating point makes of 99.9.
+        passed = Fraction(meeting * 100, requests) >= o.target
+        verdicts.append(Verdict(o, 100.0 * meeting / requests, passed, (meeting, requests)))
+    return verdicts
+
+
+def verdict_line(v: Verdict) -> str:
+    """``  SLO p99 <= 200ms        measured 12.40 ms                     PASS``."""
+    o = v.objective
+    value = o.text.partition("=")[2].strip()
+    if o.is_latency:
+        goal = f"{o.metric} <= {value}"
+        measured = "no successful request" if v.measured is None else f"{v.measured:.2f} ms"
+    else:
+        goal = f"{o.metric} >= {value}"
+        meeting, requests = v.count or (0, 0)
+        measured = (
+            "no request ended"
+            if v.measured is None
+            else f"{v.measured:.3f}% ({meeting} of {requests})"
+        )
+    return f"  SLO {goal:<18s} measured {measured:<30s} {'PASS' if v.passed else 'FAIL'}"
+
+
+def _slo_arg(text: str) -> list[Objective]:
+    try:
+        return parse_slo(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _mix_arg(text: str) -> tuple[SloClass, ...]:
@@ -903,6 +1055,15 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "class, 'default', with --deadline-ms)",
     )
     parser.add_argument(
+        "--slo",
+        type=_slo_arg,
+        metavar="METRIC=TARGET[,...]",
+        help="objectives the run must meet, e.g. p99=200ms,success=99.9%%: p50, p90, p95, "
+        "p99, p999 at most a duration (us, ms, s; successful requests), success and goodput "
+        "(answered OK, and OK within the deadline) at least a percentage of the requests; "
+        "prints PASS or FAIL for each and exits 1 if any fails (default: none, exit 0)",
+    )
+    parser.add_argument(
         "--max-tokens",
         type=_range_arg,
         metavar="LO:HI",
@@ -995,6 +1156,9 @@ class LoadOptions:
     mix: Sequence[SloClass] | None = None  # None: one class with deadline_ms
     max_tokens: tuple[int, int] | None = None  # None: DEFAULT_MAX_TOKENS
     input_bytes: tuple[int, int] | None = None  # None: 4 to 16 words
+    # Objectives the command judges the run on (judge(slo, result.latencies_ms, result.report));
+    # run_loadtest itself only measures.
+    slo: Sequence[Objective] | None = None
     json: bool = False
     progress: bool = False
 
@@ -1081,9 +1245,14 @@ class LoadResult:
     admitted_late: int
     admitted_late_share: float
     classes: tuple[ClassResult, ...]
+    # Every successful request's latency (ms, from its first attempt), sorted: what the
+    # quantiles above and the --slo latency objectives are taken from.
+    latencies_ms: tuple[float, ...] = ()
 
     @classmethod
-    def from_report(cls, mode: str, report: dict[str, Any]) -> LoadResult:
+    def from_report(
+        cls, mode: str, report: dict[str, Any], latencies_ms: Sequence[float] = ()
+    ) -> LoadResult:
         return cls(
             mode=mode,
             report=report,
@@ -1105,6 +1274,7 @@ class LoadResult:
             admitted_late=report["admitted_late"],
             admitted_late_share=report["admitted_late_share"],
             classes=tuple(ClassResult(**c) for c in report["classes"]),
+            latencies_ms=tuple(sorted(latencies_ms)),
         )
 
 
@@ -1157,7 +1327,7 @@ def run_loadtest(options: LoadOptions, *, warn: Callable[[str], None] = _warn) -
         window_s=options.seconds,
         workers_cpu_s=workers_cpu,
     )
-    return LoadResult.from_report(options.mode, report)
+    return LoadResult.from_report(options.mode, report, tally.latencies_ms)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -1171,9 +1341,35 @@ def run(args: argparse.Namespace) -> int:
     except ConnectionError as err:
         print(f"loadtest: {err}", file=sys.stderr)
         return 1
+    objectives = list(options.slo or ())
+    verdicts = judge(objectives, result.latencies_ms, result.report)
     if options.json:
-        print(json.dumps({"mode": result.mode, **result.report}))
+        extra = {"slo": [_verdict_json(v) for v in verdicts]} if objectives else {}
+        print(json.dumps({"mode": result.mode, **result.report, **extra}))
     else:
         print(f"halcyon loadtest — {result.mode}, {options.seconds:g} s against {options.target}")
         print(render(result.report))
+    if not objectives:
+        return 0
+    # With --json the verdicts are in the object; the lines go to stderr, stdout stays JSON.
+    out = sys.stderr if options.json else sys.stdout
+    for v in verdicts:
+        print(verdict_line(v), file=out)
+    failed = [v.objective.text for v in verdicts if not v.passed]
+    if failed:
+        print(f"loadtest: missed {len(failed)} of {len(verdicts)} objectives: "
+              + ", ".join(failed), file=sys.stderr)  # fmt: skip
+        return 1
     return 0
+
+
+def _verdict_json(v: Verdict) -> dict[str, Any]:
+    o = v.objective
+    return {
+        "objective": o.text,
+        "metric": o.metric,
+        "target": float(o.target),
+        "unit": "ms" if o.is_latency else "%",
+        "measured": v.measured,
+        "passed": v.passed,
+    }

@@ -17,41 +17,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable
 from typing import Any
 
-import grpc
-from google.protobuf import json_format
-
-from common import keepalive
-from common.argtypes import hostport, positive, probability
-from common.auth import bearer_metadata
-from common.credentials import DEV_OPERATOR_TOKEN, OPERATOR_TOKEN_ENV
+from common.argtypes import positive, probability
 from common.durations import to_duration, to_seconds
-from common.errors import RichError, parse_rpc_error
 from controller.canary import JudgePolicy
-from halcyon.v1 import control_pb2, control_pb2_grpc
+from halcyon.operator_cli import (
+    CliError,
+    Console,
+    add_controller_flags,
+    as_dict,
+    run_command,
+    table,
+)
+from halcyon.v1 import control_pb2
 
 __all__ = [
     "ACTION_NAMES",
     "EXIT_NOT_PROMOTED",
-    "CliError",
-    "Console",
     "configure",
     "count_at_least",
     "decision_row",
     "parse_steps",
-    "read_secret",
     "run",
     "stream_header",
     "stream_row",
 ]
 
-DEFAULT_CONTROLLER = "127.0.0.1:50050"
 DEFAULT_MODEL = "llama-3-8b"
 EXIT_NOT_PROMOTED = 3
 _TERMINAL = {
@@ -88,90 +82,6 @@ credentials: the operator token from --operator-token-file PATH or $HALCYON_OPER
 exit codes: 0 ok; 1 the controller refused or could not be reached (one line says why);
 2 bad flags; 3 (--watch / --until-done / verify) the canary was not promoted as expected.
 """
-
-
-class CliError(Exception):
-    """A failure to report as one line and exit 1."""
-
-
-# -- credentials and the connection -----------------------------------------------------------
-
-
-def read_secret(path: Path | None, env: str, what: str) -> str | None:
-    """A credential from a file (first line, stripped) or the environment; None if neither."""
-    if path is not None:
-        try:
-            text = path.read_text().strip()
-        except OSError as exc:
-            raise CliError(f"cannot read the {what} file {path}: {exc.strerror}") from None
-        if not text:
-            raise CliError(f"the {what} file {path} is empty")
-        return text.splitlines()[0].strip()
-    value = os.environ.get(env, "").strip()
-    return value or None
-
-
-class Console:
-    """The controller connection and the output conventions of one command."""
-
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        token = read_secret(args.operator_token_file, OPERATOR_TOKEN_ENV, "operator token")
-        if token is None:
-            print(
-                f"warning: using the insecure dev operator token; set ${OPERATOR_TOKEN_ENV} "
-                "or --operator-token-file",
-                file=sys.stderr,
-            )
-            token = DEV_OPERATOR_TOKEN
-        self.metadata = bearer_metadata(token)
-        # Watches stream decisions with long quiet spells: pinged as every fleet channel is.
-        self.channel = grpc.insecure_channel(args.controller, keepalive.client_options())
-        self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
-        self.timeout = args.timeout
-
-    def call(self, method: Callable[..., Any], request: Any) -> Any:
-        """A unary call with the operator credential and the command's deadline."""
-        return method(request, metadata=self.metadata, timeout=self.timeout)
-
-    def watch(self, model: str, replay: int) -> Iterable[control_pb2.WatchRolloutDecisionsResponse]:
-        """The live decision stream (no deadline: it runs until told to stop)."""
-        call: Iterable[control_pb2.WatchRolloutDecisionsResponse] = self.stub.WatchRolloutDecisions(
-            control_pb2.WatchRolloutDecisionsRequest(model=model, replay=replay),
-            metadata=self.metadata,
-        )
-        return call
-
-    def close(self) -> None:
-        self.channel.close()
-
-    def emit_json(self, message: Any) -> None:
-        print(json.dumps(as_dict(message), sort_keys=True), flush=True)
-
-
-def as_dict(message: Any) -> dict[str, Any]:
-    out: dict[str, Any] = json_format.MessageToDict(
-        message, preserving_proto_field_name=True, always_print_fields_with_no_presence=True
-    )
-    return out
-
-
-# -- formatting -------------------------------------------------------------------------------
-
-
-def table(headers: Sequence[str], rows: Sequence[Sequence[str]], widths: Sequence[int] = ()) -> str:
-    """Left-aligned columns, at least ``widths`` wide; the last column is free text."""
-    minimum = [*widths, *[0] * len(headers)][: len(headers)]
-    widths = [max(len(h), w) for h, w in zip(headers, minimum, strict=True)]
-    for row in rows:
-        for i, cell in enumerate(row[:-1]):
-            widths[i] = max(widths[i], len(cell))
-
-    def line(cells: Sequence[str]) -> str:
-        padded = [c.ljust(widths[i]) for i, c in enumerate(cells[:-1])]
-        return "  ".join([*padded, cells[-1]]).rstrip()
-
-    return "\n".join([line(headers), *(line(r) for r in rows)])
 
 
 def _clock(ts: Any) -> str:
@@ -403,31 +313,6 @@ def cmd_verify(console: Console, args: argparse.Namespace) -> int:
 # -- argument parsing -------------------------------------------------------------------------
 
 
-def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--controller",
-        type=hostport,
-        default=DEFAULT_CONTROLLER,
-        metavar="HOST:PORT",
-        help=f"controller address (default {DEFAULT_CONTROLLER})",
-    )
-    parser.add_argument(
-        "--operator-token-file",
-        type=Path,
-        metavar="PATH",
-        help=f"file holding the operator token (default ${OPERATOR_TOKEN_ENV}, else the "
-        "insecure dev token)",
-    )
-    parser.add_argument(
-        "--timeout",
-        type=positive,
-        default=10.0,
-        metavar="SECONDS",
-        help="deadline of each call to the controller (default 10)",
-    )
-    parser.add_argument("--json", action="store_true", help="print JSON instead of tables")
-
-
 def count_at_least(minimum: int) -> Callable[[str], int]:
     """An argparse type: a whole number >= ``minimum``."""
 
@@ -574,7 +459,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     configure_verify(verify)
     for p in (start, status, promote, abort, history, watch, verify):
-        _common(p)
+        add_controller_flags(p)
 
 
 _COMMANDS: dict[str, Callable[[Console, argparse.Namespace], int]] = {
@@ -588,32 +473,5 @@ _COMMANDS: dict[str, Callable[[Console, argparse.Namespace], int]] = {
 }
 
 
-def _describe(err: RichError) -> str:
-    reason = f" ({err.reason})" if err.reason else ""
-    return f"{err.code.name}{reason}: {err.message}"
-
-
 def run(args: argparse.Namespace) -> int:
-    prog = f"halcyon rollout {args.action}"
-    console: Console | None = None
-    try:
-        console = Console(args)
-        return _COMMANDS[args.action](console, args)
-    except grpc.RpcError as exc:
-        err = parse_rpc_error(exc)
-        hint = ""
-        if err.code == grpc.StatusCode.UNAVAILABLE and not err.reason:
-            hint = f" (is a controller running at {args.controller}?)"
-        print(f"{prog}: {_describe(err)}{hint}", file=sys.stderr)
-        return 1
-    except CliError as exc:
-        print(f"{prog}: {exc}", file=sys.stderr)
-        return 1
-    except BrokenPipeError:
-        # The reader went away (`| head`): stop quietly, and keep Python's exit-time flush of
-        # stdout from raising again.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
-    finally:
-        if console is not None:
-            console.close()
+    return run_command(f"halcyon rollout {args.action}", args, _COMMANDS)

@@ -57,18 +57,14 @@ from common.argtypes import hostport, positive, probability
 from common.credentials import DEV_FLEET_TOKEN, DEV_MODE_ENV, FLEET_TOKEN_ENV
 from common.durations import to_duration
 from common.errors import parse_rpc_error
+from halcyon.operator_cli import CliError, Console, as_dict, read_secret, table
 from halcyon.rollout import (
     ACTION_NAMES,
     EXIT_NOT_PROMOTED,
-    CliError,
-    Console,
-    as_dict,
     count_at_least,
     parse_steps,
-    read_secret,
     stream_header,
     stream_row,
-    table,
 )
 from halcyon.v1 import control_pb2, infer_pb2, infer_pb2_grpc
 

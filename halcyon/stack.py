@@ -309,6 +309,13 @@ class Stack:
             *_flags(drain_delay=CHILD_DRAIN_DELAY_S, shutdown_grace=CHILD_SHUTDOWN_GRACE_S),
         ]
 
+    def _console_flags(self) -> list[str]:
+        """``--console-listen``: the flag's at first (none: the controller's default, which it
+        skips with a warning when taken), the address bound then on restarts."""
+        bound = (self.controller.ready or {}).get("console") if self.controller else None
+        listen = bound or self.args.console_listen
+        return ["--console-listen", str(listen)] if listen else []
+
     def start(self) -> None:
         a = self.args
         state = self.state_dir
@@ -317,6 +324,7 @@ class Stack:
             return [
                 "controller",
                 *self._serving_flags("controller", a.controller_listen, "127.0.0.1:0"),
+                *self._console_flags(),
                 "--db", str(state / "controller.sqlite"),
                 "--stable", f"{MODEL}=v1",
             ]  # fmt: skip
@@ -502,6 +510,7 @@ class Stack:
         gateway = by_name["gateway"].get("grpc", self.args.gateway_listen)
         gateway_metrics = by_name["gateway"].get("metrics", self.args.gateway_metrics_listen)
         controller = by_name["controller"].get("grpc", self.args.controller_listen)
+        console = by_name["controller"].get("console_url") or "(not started: see controller.log)"
         grpcurl, halcyon = _tool("grpcurl"), _tool("halcyon")
         token_file = shlex.quote(str(self.state_dir / OPERATOR_TOKEN_FILE))
         rows = [f"  {'process':<12} {'gRPC':<22} {'metrics':<22} pid"]
@@ -520,6 +529,10 @@ class Stack:
                 "Halcyon stack is up (Ctrl-C stops everything; a process that dies is restarted).",
                 "",
                 *rows,
+                "",
+                f"Operator console: {console}",
+                f"  (read-only as it is; to promote, abort or drain, sign in with the operator "
+                f"token from {token_file})",
                 "",
                 f"State and logs: {self.state_dir}"
                 + ("" if self.args.state_dir else " (removed when the stack stops)"),
@@ -623,6 +636,7 @@ def _check_ports(args: argparse.Namespace) -> None:
         ("--controller-listen", args.controller_listen),
         ("--gateway-listen", args.gateway_listen),
         ("--gateway-metrics-listen", args.gateway_metrics_listen),
+        *([("--console-listen", args.console_listen)] if args.console_listen else []),
     ):
         host, port = parse_hostport(listen)
         if not is_loopback(host):
@@ -715,6 +729,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         metavar="HOST:PORT",
         default="127.0.0.1:50050",
         help="controller gRPC address (default %(default)s)",
+    )
+    parser.add_argument(
+        "--console-listen",
+        type=hostport,
+        metavar="HOST:PORT",
+        default=None,
+        help="the controller's operator console, a web page; loopback only (default: the "
+        "controller's, 127.0.0.1:9440, or none when that port is taken)",
     )
     parser.add_argument(
         "--zero-device-time",

@@ -115,7 +115,7 @@ class WorkerApp:
             config.serving,
             worker_auth_policy(config.fleet_token, config.operator_token),
         )
-        self.metrics = WorkerMetrics(self.host.registry)
+        self.metrics = WorkerMetrics(self.host.registry, model=config.model, version=config.version)
         self.faults = FaultInjector(
             fail_rate=config.fail_rate,
             fail_fast_ms=config.fail_fast_ms,

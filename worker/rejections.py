@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import grpc
 
-from common.errors import Reason, RichError, unavailable
+from common.errors import Reason, RichError, internal, unavailable
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome
 from worker.replica import ReplicaDraining
@@ -101,6 +101,6 @@ def to_rich_error(exc: Exception) -> tuple[RichError, BatchOutcome]:
     if isinstance(exc, RichError):
         return exc, BatchOutcome.INVALID
     return (
-        RichError(grpc.StatusCode.INTERNAL, f"unexpected worker error: {exc!r}"),
+        internal(f"unexpected worker error: {exc!r}"),
         BatchOutcome.DEVICE_FAULT,
     )

@@ -7,6 +7,11 @@ failure is turned into a status by :func:`worker.rejections.to_rich_error` and s
 RPC span (the OpenTelemetry interceptor's on the grpc.aio path, the same span made by
 :class:`RawExecuteBatch` on the completion-queue path) is a child of the W3C context in the
 call metadata, and :meth:`WorkerService.execute` adds what the batch was and how it ended.
+
+A response that cannot be built or encoded (a bug: a value its field cannot hold) is answered
+INTERNAL with reason ``INTERNAL`` on both serving paths, never a bare INTERNAL or UNKNOWN. A
+Drain ``grace`` is checked by :func:`common.durations.checked_seconds` (at most
+:data:`MAX_DRAIN_GRACE_S`).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
-from common.durations import to_duration, to_seconds
-from common.errors import RichError, abort, invalid_argument, undecodable
+from common.durations import DurationOutOfRange, checked_seconds, to_duration
+from common.errors import RichError, abort, internal, invalid_argument, undecodable
 from common.raw_unary import RawCall
 from common.tracing import end_rpc_span, spans_recorded, start_server_span
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
@@ -38,6 +43,7 @@ from worker.validation import parse_batch
 __all__ = [
     "DEFAULT_DRAIN_GRACE_S",
     "EXECUTE_BATCH_METHOD",
+    "MAX_DRAIN_GRACE_S",
     "SERVICE_NAME",
     "RawExecuteBatch",
     "WorkerService",
@@ -48,6 +54,8 @@ _log = logging.getLogger("halcyon.worker.servicer")
 SERVICE_NAME = "halcyon.v1.WorkerService"
 EXECUTE_BATCH_METHOD = f"/{SERVICE_NAME}/ExecuteBatch"
 DEFAULT_DRAIN_GRACE_S = 30.0
+# The longest Drain grace a caller may ask for.
+MAX_DRAIN_GRACE_S = 3600.0
 
 
 def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatchResponse:
@@ -123,6 +131,8 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             err, outcome = to_rich_error(exc)
             if err.reason is None:  # not one of ours: a bug worth a traceback
                 _log.error("unexpected ExecuteBatch failure", exc_info=exc)
+                if err.code == grpc.StatusCode.INTERNAL:  # still a typed answer
+                    err = internal(err.message)
             span.set_attribute("halcyon.outcome", outcome.value)
             span.set_status(Status(StatusCode.ERROR, str(err)))
         else:
@@ -138,7 +148,11 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                         "halcyon.device_time_ms": result.device_time_s * 1000.0,
                     }
                 )
-            return _response(identity.replica_id, result)
+            try:
+                return _response(identity.replica_id, result)
+            except Exception as exc:  # a value its field cannot hold: our bug, answered typed
+                _log.error("ExecuteBatch response could not be built", exc_info=exc)
+                return internal(f"the batch ran but its response could not be built ({exc})")
         self._metrics.observe_outcome(outcome)
         return err
 
@@ -147,9 +161,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     ) -> worker_pb2.DrainResponse:
         grace = DEFAULT_DRAIN_GRACE_S
         if request.HasField("grace"):
-            grace = to_seconds(request.grace)
-            if grace < 0:
-                await abort(context, invalid_argument("grace", "must not be negative"))
+            try:
+                grace = checked_seconds(request.grace, "grace", maximum_s=MAX_DRAIN_GRACE_S)
+            except DurationOutOfRange as exc:
+                await abort(context, invalid_argument(exc.field, exc.description))
         result = await self._drain(grace)
         return worker_pb2.DrainResponse(
             batches_finished=result.batches_finished,
@@ -216,13 +231,22 @@ class RawExecuteBatch:
                 code = grpc.StatusCode.CANCELLED
             elif (exc := done.exception()) is not None:
                 _log.error("unexpected ExecuteBatch failure", exc_info=exc)
-                code, details = grpc.StatusCode.INTERNAL, f"internal error ({type(exc).__name__})"
-                call.fail(code, details)
+                err = internal(f"internal error ({type(exc).__name__})")
+                code, details = err.code, err.message
+                call.reject(err)
             elif isinstance(outcome := done.result(), RichError):
                 code, details = outcome.code, outcome.message
                 call.reject(outcome)
             else:
-                call.reply(outcome.SerializeToString())
+                try:
+                    payload = outcome.SerializeToString()
+                except Exception as exc:  # pragma: no cover - an unencodable response is a bug
+                    _log.error("ExecuteBatch response could not be encoded", exc_info=exc)
+                    err = internal(f"the response could not be encoded ({type(exc).__name__})")
+                    code, details = err.code, err.message
+                    call.reject(err)
+                else:
+                    call.reply(payload)
             if span is not None:
                 end_rpc_span(span, code, details)
 

@@ -3,8 +3,14 @@
 What it decides: which batches the replica accepts, and the exact field named when it does
 not (INVALID_ARGUMENT with a BadRequest field violation). Rules: at least one item and at
 most ``MAX_ITEMS``; every item has a non-empty id, unique in the batch; no item has zero work
-tokens (``input_tokens + max_output_tokens == 0``); per-item tokens are bounded so the batch
-total fits ``uint32``. A batch for another model or version is FAILED_PRECONDITION /
+tokens (``input_tokens + max_output_tokens == 0``); per-item tokens are bounded. The limits
+and the wire agree: a batch at both (``MAX_ITEMS`` items of ``MAX_ITEM_TOKENS`` tokens) holds
+``MAX_BATCH_TOKENS`` = 2**32 - 4,096 work tokens, which fits the ``uint32`` that carries the
+sum (``ExecuteBatchResponse.batch_tokens``, and ``CostSample.batch_tokens``,
+``BatchOutcome.tokens``, ``BatchInfo.tokens`` after it). The item limit was 2**20, which made
+the corner 2**32 — one past ``uint32`` — and the response unencodable; lowering it by one token
+kept every wire type (and every client's JSON) as it was. Echoed ids go through
+:func:`common.errors.echo`. A batch for another model or version is FAILED_PRECONDITION /
 ``WRONG_MODEL`` (see :mod:`worker.rejections`): the request is well-formed and the model may
 well exist — this replica just does not serve it, so the caller's fleet view is stale and it
 should route elsewhere, which NOT_FOUND ("no such model") would not say.
@@ -12,16 +18,20 @@ should route elsewhere, which NOT_FOUND ("no such model") would not say.
 
 from __future__ import annotations
 
-from common.errors import invalid_argument
+from common.errors import echo, invalid_argument
 from halcyon.v1 import worker_pb2
 from worker.descriptor import ReplicaIdentity
 from worker.rejections import wrong_model
 from worker.runtime import WorkItem
 
-__all__ = ["MAX_ITEMS", "MAX_ITEM_TOKENS", "parse_batch"]
+__all__ = ["MAX_BATCH_TOKENS", "MAX_ITEMS", "MAX_ITEM_TOKENS", "parse_batch"]
 
 MAX_ITEMS = 4096
-MAX_ITEM_TOKENS = 1 << 20
+MAX_ITEM_TOKENS = (1 << 20) - 1
+# The largest batch_tokens a valid batch can have; the wire field is uint32.
+MAX_BATCH_TOKENS = MAX_ITEMS * MAX_ITEM_TOKENS
+UINT32_MAX = (1 << 32) - 1
+assert MAX_BATCH_TOKENS <= UINT32_MAX, "a batch at the limits must fit batch_tokens (uint32)"
 
 
 def parse_batch(
@@ -40,7 +50,7 @@ def parse_batch(
         if not item.id:
             raise invalid_argument(f"items[{i}].id", "every item needs an id")
         if item.id in seen:
-            raise invalid_argument(f"items[{i}].id", f"duplicate item id {item.id!r}")
+            raise invalid_argument(f"items[{i}].id", f"duplicate item id {echo(item.id)!r}")
         seen.add(item.id)
         if item.input_tokens + item.max_output_tokens == 0:
             raise invalid_argument(

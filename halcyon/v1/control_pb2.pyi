@@ -37,6 +37,13 @@ class RequestOutcomeKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REQUEST_OUTCOME_KIND_ERROR: _ClassVar[RequestOutcomeKind]
     REQUEST_OUTCOME_KIND_SHED: _ClassVar[RequestOutcomeKind]
     REQUEST_OUTCOME_KIND_LATE: _ClassVar[RequestOutcomeKind]
+
+class BreakerState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    BREAKER_STATE_UNSPECIFIED: _ClassVar[BreakerState]
+    BREAKER_STATE_CLOSED: _ClassVar[BreakerState]
+    BREAKER_STATE_OPEN: _ClassVar[BreakerState]
+    BREAKER_STATE_HALF_OPEN: _ClassVar[BreakerState]
 ROLLOUT_STATE_UNSPECIFIED: RolloutState
 ROLLOUT_STATE_PROGRESSING: RolloutState
 ROLLOUT_STATE_PROMOTED: RolloutState
@@ -54,6 +61,10 @@ REQUEST_OUTCOME_KIND_OK: RequestOutcomeKind
 REQUEST_OUTCOME_KIND_ERROR: RequestOutcomeKind
 REQUEST_OUTCOME_KIND_SHED: RequestOutcomeKind
 REQUEST_OUTCOME_KIND_LATE: RequestOutcomeKind
+BREAKER_STATE_UNSPECIFIED: BreakerState
+BREAKER_STATE_CLOSED: BreakerState
+BREAKER_STATE_OPEN: BreakerState
+BREAKER_STATE_HALF_OPEN: BreakerState
 
 class FleetMember(_message.Message):
     __slots__ = ("replica", "load", "lease_expires_at", "registered_at")
@@ -185,18 +196,58 @@ class RolloutDecision(_message.Message):
     def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., statistics: _Optional[_Mapping[str, float]] = ..., needed_requests: _Optional[int] = ...) -> None: ...
 
 class GatewayStatus(_message.Message):
-    __slots__ = ("gateway_id", "last_report_at", "concurrency_limit", "inflight", "cost_models")
+    __slots__ = ("gateway_id", "last_report_at", "concurrency_limit", "inflight", "cost_models", "breakers", "sheds", "tenants")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     LAST_REPORT_AT_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     COST_MODELS_FIELD_NUMBER: _ClassVar[int]
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    SHEDS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     gateway_id: str
     last_report_at: _timestamp_pb2.Timestamp
     concurrency_limit: int
     inflight: int
     cost_models: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.CostModel]
-    def __init__(self, gateway_id: _Optional[str] = ..., last_report_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ...) -> None: ...
+    breakers: _containers.RepeatedCompositeFieldContainer[ReplicaBreaker]
+    sheds: _containers.RepeatedCompositeFieldContainer[ShedCount]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantTraffic]
+    def __init__(self, gateway_id: _Optional[str] = ..., last_report_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ..., breakers: _Optional[_Iterable[_Union[ReplicaBreaker, _Mapping]]] = ..., sheds: _Optional[_Iterable[_Union[ShedCount, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantTraffic, _Mapping]]] = ...) -> None: ...
+
+class ReplicaBreaker(_message.Message):
+    __slots__ = ("replica_id", "state")
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    replica_id: str
+    state: BreakerState
+    def __init__(self, replica_id: _Optional[str] = ..., state: _Optional[_Union[BreakerState, str]] = ...) -> None: ...
+
+class ShedCount(_message.Message):
+    __slots__ = ("reason", "count")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    count: int
+    def __init__(self, reason: _Optional[str] = ..., count: _Optional[int] = ...) -> None: ...
+
+class TenantTraffic(_message.Message):
+    __slots__ = ("tenant", "requests", "admitted", "quota_refused", "shed", "ok", "errors")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    ADMITTED_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_REFUSED_FIELD_NUMBER: _ClassVar[int]
+    SHED_FIELD_NUMBER: _ClassVar[int]
+    OK_FIELD_NUMBER: _ClassVar[int]
+    ERRORS_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    requests: int
+    admitted: int
+    quota_refused: int
+    shed: int
+    ok: int
+    errors: int
+    def __init__(self, tenant: _Optional[str] = ..., requests: _Optional[int] = ..., admitted: _Optional[int] = ..., quota_refused: _Optional[int] = ..., shed: _Optional[int] = ..., ok: _Optional[int] = ..., errors: _Optional[int] = ...) -> None: ...
 
 class GetStateRequest(_message.Message):
     __slots__ = ()
@@ -417,20 +468,26 @@ class BatchOutcome(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., replica_id: _Optional[str] = ..., size: _Optional[int] = ..., tokens: _Optional[int] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomesRequest(_message.Message):
-    __slots__ = ("gateway_id", "requests", "batches", "concurrency_limit", "inflight", "cost_models")
+    __slots__ = ("gateway_id", "requests", "batches", "concurrency_limit", "inflight", "cost_models", "breakers", "sheds", "tenants")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
     CONCURRENCY_LIMIT_FIELD_NUMBER: _ClassVar[int]
     INFLIGHT_FIELD_NUMBER: _ClassVar[int]
     COST_MODELS_FIELD_NUMBER: _ClassVar[int]
+    BREAKERS_FIELD_NUMBER: _ClassVar[int]
+    SHEDS_FIELD_NUMBER: _ClassVar[int]
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
     gateway_id: str
     requests: _containers.RepeatedCompositeFieldContainer[RequestOutcome]
     batches: _containers.RepeatedCompositeFieldContainer[BatchOutcome]
     concurrency_limit: int
     inflight: int
     cost_models: _containers.RepeatedCompositeFieldContainer[_fleet_pb2.CostModel]
-    def __init__(self, gateway_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestOutcome, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[BatchOutcome, _Mapping]]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ...) -> None: ...
+    breakers: _containers.RepeatedCompositeFieldContainer[ReplicaBreaker]
+    sheds: _containers.RepeatedCompositeFieldContainer[ShedCount]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantTraffic]
+    def __init__(self, gateway_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestOutcome, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[BatchOutcome, _Mapping]]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ..., breakers: _Optional[_Iterable[_Union[ReplicaBreaker, _Mapping]]] = ..., sheds: _Optional[_Iterable[_Union[ShedCount, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantTraffic, _Mapping]]] = ...) -> None: ...
 
 class ReportOutcomesResponse(_message.Message):
     __slots__ = ("reports_received",)

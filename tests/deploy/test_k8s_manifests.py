@@ -1,7 +1,10 @@
 """The Kubernetes overlays cannot drift from the code.
 
 Every overlay is rendered with ``kubectl kustomize`` and every object validated strictly
-against the oldest and the newest Kubernetes schema ``kubernetes-validate`` ships. Then the
+against the oldest and the newest Kubernetes schema ``kubernetes-validate`` ships (the
+Prometheus Operator's ServiceMonitor and PrometheusRule, which no schema covers, are checked
+by hand; the PrometheusRule must be what scripts/render_prometheus_rule.py makes of the
+current deploy/prometheus/rules.yml). Then the
 dev and prod workloads run as real local processes exactly as their manifests say
 (``k8s_local``), are probed as the kubelet probes them, serve an Infer with the dev overlay's
 demo tenant key, and stop within their termination grace after their preStop hook. A flag
@@ -11,17 +14,21 @@ not provide, a grace period shorter than the drain: each fails here.
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
+import sys
 import urllib.request
 from functools import cache
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import grpc
-import kubernetes_validate
+import kubernetes_validate  # type: ignore[import-untyped]
 import pytest
 import yaml
-from deploy_support import DEPLOY, free_port, require_tool  # type: ignore[import-not-found]
+from deploy_support import DEPLOY, REPO, free_port, require_tool  # type: ignore[import-not-found]
+from grpc_health.v1 import health_pb2
 from k8s_local import WORKLOADS, LocalCluster, Objects, entrypoint  # type: ignore[import-not-found]
 
 from halcyon.v1 import infer_pb2, infer_pb2_grpc
@@ -31,7 +38,12 @@ OVERLAYS = ("dev", "prod", "monitoring")
 RUNNABLE = ("dev", "prod")
 DEMO_KEY = "halcyon-dev-demo-key"  # its digest is in overlays/dev/tenants.yaml
 # Custom resources the schemas do not cover; checked by hand below.
-CUSTOM_KINDS = {"ServiceMonitor"}
+CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
+RULES = DEPLOY / "prometheus" / "rules.yml"
+RENDER_SCRIPT = REPO / "scripts" / "render_prometheus_rule.py"
+# The longest a worker's model may take to load before the kubelet restarts the container
+# (the startup probe's failureThreshold x periodSeconds; docs/reference/operations.md).
+WORKER_STARTUP_BUDGET_S = 300
 # Oldest and newest Kubernetes versions kubernetes-validate knows.
 KUBERNETES_VERSIONS = sorted(
     set(kubernetes_validate.utils.all_versions()),
@@ -68,6 +80,24 @@ def container(workload: Doc) -> Doc:
     return dict(c)
 
 
+def pods_selected(overlay: str, match_labels: dict[str, str]) -> set[str]:
+    """The workloads whose pod template carries every label of ``match_labels``."""
+    return {
+        name
+        for name, w in workloads(overlay).items()
+        if match_labels.items() <= w["spec"]["template"]["metadata"]["labels"].items()
+    }
+
+
+def render_script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("render_prometheus_rule", RENDER_SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def flag(c: Doc, name: str) -> str | None:
     for arg in c.get("args", []):
         if arg.startswith(f"--{name}="):
@@ -102,6 +132,43 @@ def test_the_service_monitor_scrapes_every_metrics_port() -> None:
         and ports & {p.get("name") for p in s["spec"]["ports"]}
     }
     assert scraped == {"halcyon-controller", "halcyon-gateway", "halcyon-worker"}
+
+
+def test_the_prometheus_rule_is_the_rule_file_rendered_now() -> None:
+    # Read at test time: deploy/prometheus/rules.yml changes (metric renames), and the
+    # committed PrometheusRule must follow it.
+    script = render_script()
+    committed = script.OUT.read_text()
+    assert committed == script.render(RULES.read_text()), (
+        f"{script.OUT.relative_to(REPO)} is stale: run "
+        f".venv/bin/python {RENDER_SCRIPT.relative_to(REPO)}"
+    )
+    [rule] = of_kind("monitoring", "PrometheusRule")
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    # By hand, what the operator's CRD requires of each rule.
+    for group in rule["spec"]["groups"]:
+        assert group["name"] and group["rules"], group
+        for r in group["rules"]:
+            assert len({"record", "alert"} & set(r)) == 1 and isinstance(r["expr"], str), r
+            assert set(r) <= {"record", "alert", "expr", "for", "labels", "annotations"}, r
+    # Where the ServiceMonitor and the workloads are, and only in the monitoring overlay.
+    [monitor] = of_kind("monitoring", "ServiceMonitor")
+    assert rule["metadata"]["namespace"] == monitor["metadata"]["namespace"] == "halcyon"
+    assert {w["metadata"]["namespace"] for w in workloads("monitoring").values()} == {"halcyon"}
+    assert of_kind("prod", "PrometheusRule") == [] and of_kind("dev", "PrometheusRule") == []
+
+
+def test_the_prometheus_rule_render_refuses_what_it_cannot_carry_verbatim() -> None:
+    script = render_script()
+    with pytest.raises(script.RenderError):
+        script.render("groups: []\nextra: 1\n")
+    # A document marker would change meaning once indented: the render checks itself.
+    with pytest.raises(script.RenderError):
+        script.render(
+            "groups:\n  - name: a\n    rules:\n      - record: x\n        expr: |\n"
+            "          up\n\n...\n"
+        )
 
 
 # -- what the issue asks of every pod --------------------------------------------------------
@@ -142,8 +209,47 @@ def test_pods_are_restricted_probed_drained_and_sized(overlay: str) -> None:
         # Probes go to the probe port, answered off the event loop (ADR 0010).
         health_port = {p["name"]: p["containerPort"] for p in c["ports"]}["health"]
         assert flag(c, "health-listen") == f"0.0.0.0:{health_port}", name
-        for kind in ("livenessProbe", "readinessProbe"):
+        for kind in ("livenessProbe", "readinessProbe", "startupProbe"):
             assert c[kind]["grpc"]["port"] == health_port, (name, kind)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_probed_container_has_a_startup_probe_sized_for_its_start(overlay: str) -> None:
+    for name, workload in workloads(overlay).items():
+        for c in workload["spec"]["template"]["spec"]["containers"]:
+            if "readinessProbe" not in c:
+                continue
+            startup = c.get("startupProbe")
+            assert startup, f"{overlay}: {name}/{c['name']} has readiness but no startupProbe"
+            # On liveness: it must pass once the process serves, whether or not it is ready
+            # (a gateway is not ready until a worker registers; restarting it would not help).
+            assert startup["grpc"]["service"] == "liveness", (name, startup)
+            budget = startup["failureThreshold"] * startup["periodSeconds"]
+            live = c["livenessProbe"]
+            assert budget >= live["failureThreshold"] * live["periodSeconds"], (name, budget)
+            if name == "halcyon-worker":  # a model load (or --runtime oip's backend) is slow
+                assert budget >= WORKER_STARTUP_BUDGET_S, (name, budget)
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_workers_have_a_disruption_budget_and_spread_over_nodes_and_zones(overlay: str) -> None:
+    budgets = {p["metadata"]["name"]: p["spec"] for p in of_kind(overlay, "PodDisruptionBudget")}
+    worker_budget = budgets["halcyon-worker"]
+    assert pods_selected(overlay, worker_budget["selector"]["matchLabels"]) == {"halcyon-worker"}
+    assert worker_budget["maxUnavailable"] == 1 and "minAvailable" not in worker_budget
+    # Every budget selects the pods of exactly one workload.
+    for name, budget in budgets.items():
+        assert pods_selected(overlay, budget["selector"]["matchLabels"]) == {name}, name
+
+    spec = workloads(overlay)["halcyon-worker"]["spec"]["template"]["spec"]
+    spread = {t["topologyKey"]: t for t in spec["topologySpreadConstraints"]}
+    assert set(spread) == {"kubernetes.io/hostname", "topology.kubernetes.io/zone"}
+    assert spread["kubernetes.io/hostname"]["whenUnsatisfiable"] == "DoNotSchedule"
+    assert spread["topology.kubernetes.io/zone"]["whenUnsatisfiable"] == "ScheduleAnyway"
+    for key, constraint in spread.items():
+        assert constraint["maxSkew"] == 1, key
+        selected = pods_selected(overlay, constraint["labelSelector"]["matchLabels"])
+        assert selected == {"halcyon-worker"}, key
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
@@ -173,9 +279,12 @@ def test_dev_runs_one_of_each_with_small_requests() -> None:
 
 def test_prod_scales_gateways_and_puts_workers_on_gpus_behind_network_policies() -> None:
     [hpa] = of_kind("prod", "HorizontalPodAutoscaler")
-    [pdb] = of_kind("prod", "PodDisruptionBudget")
+    pdbs = {p["metadata"]["name"]: p["spec"] for p in of_kind("prod", "PodDisruptionBudget")}
     assert hpa["spec"]["scaleTargetRef"]["name"] == "halcyon-gateway"
-    assert pdb["spec"]["selector"]["matchLabels"] == {"app.kubernetes.io/name": "halcyon-gateway"}
+    assert hpa["spec"]["minReplicas"] > 1 and set(pdbs) == {"halcyon-gateway", "halcyon-worker"}
+    assert pods_selected("prod", pdbs["halcyon-gateway"]["selector"]["matchLabels"]) == {
+        "halcyon-gateway"
+    }
     worker = workloads("prod")["halcyon-worker"]
     assert worker["kind"] == "StatefulSet"
     spec = worker["spec"]["template"]["spec"]
@@ -222,6 +331,8 @@ def test_workloads_run_as_declared_probe_healthy_serve_and_drain(
     try:
         cluster.start()
         cluster.wait_probes(timeout_s=45.0)
+        for pod in cluster.pods:  # the kubelet ran it first; it answers still
+            assert cluster.probe(pod, "startupProbe") == health_pb2.HealthCheckResponse.SERVING
         for pod in cluster.pods:
             # The address the scrape annotation names serves Prometheus text.
             port = int(

@@ -41,6 +41,7 @@ from common.errors import Reason
 from gateway.metrics import FLUSH_REASONS, HEDGE_RESULTS, REQUEST_OUTCOMES, SHED_REASONS
 from halcyon.cli import SUBCOMMANDS, subcommand_parser
 from halcyon.v1 import infer_pb2
+from tests.support.tools import PACKAGES, require_tool
 from worker.metrics import BatchOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,6 +53,10 @@ DOCS = (
     ROOT / "docs" / "benchmarks.md",
     ROOT / "docs" / "reference" / "api.md",
     ROOT / "docs" / "reference" / "operations.md",
+    ROOT / "docs" / "reference" / "lifecycle.md",
+    ROOT / "docs" / "reference" / "rollouts.md",
+    ROOT / "docs" / "reference" / "clients.md",
+    ROOT / "docs" / "reference" / "console.md",
 )
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 ACTIVATION = re.compile(r"^(?:\.|source) (?:\./)?\.venv/bin/activate$")
@@ -235,7 +240,7 @@ class LiveStack:
             else:
                 extra += f" --seconds {LOADTEST_SECONDS}"
             text = text[: loadtest.end()] + extra + text[loadtest.end() :]
-        rollout = re.search(r"\bhalcyon rollout \w+", text)
+        rollout = re.search(r"\bhalcyon (?:rollout|fleet) \w+", text)
         if rollout:
             # This stack has no load to judge a canary on: start it, do not wait for the end.
             text = re.sub(r" --watch\b", "", text)
@@ -344,12 +349,22 @@ COMMANDS = [command for page in DOCS for command in _commands_of(page)]
 ACTIVATION_LINE = next((c.text for c in COMMANDS if ACTIVATION.match(c.text)), None)
 
 
+def system_tools(command: Command) -> list[str]:
+    """The system programs (:data:`tests.support.tools.PACKAGES`) the command runs."""
+    words = [segment.split() for segment in re.split(r"&&|\|\||[;|]", command.text)]
+    names = [Path(w[0]).name for w in words if w]
+    return [name for name in names if name in PACKAGES]
+
+
 @pytest.mark.e2e
 @pytest.mark.parametrize("command", COMMANDS, ids=[c.id for c in COMMANDS])
-def test_readme_command_runs_as_written(command: Command, live_stack: LiveStack) -> None:
+def test_readme_command_runs_as_written(command: Command, request: pytest.FixtureRequest) -> None:
     reason = skip_reason(command)
     if reason is not None:
         pytest.skip(f"{command.source} line {command.line}: {reason}")
+    for tool in system_tools(command):
+        require_tool(tool)  # before the stack starts: a missing tool skips (fails under CI)
+    live_stack: LiveStack = request.getfixturevalue("live_stack")
     text = live_stack.adapt(command.text)
     script = f"{ACTIVATION_LINE} && {text}" if ACTIVATION_LINE else text
     proc = subprocess.run(
@@ -370,6 +385,35 @@ def test_readme_command_runs_as_written(command: Command, live_stack: LiveStack)
         assert proc.returncode == 1, f"{where}\nexit {proc.returncode}\n{output}"
     else:
         assert proc.returncode == 0, f"{where}\nexit {proc.returncode}\n{output}"
+
+
+def python_blocks(markdown: str) -> list[tuple[int, str]]:
+    """The README's ```python blocks (line of the fence, code): whole programs to run."""
+    return [
+        (markdown[: m.start()].count("\n") + 1, m.group(1))
+        for m in re.finditer(r"^```python\n(.*?)^```$", markdown, re.M | re.S)
+    ]
+
+
+PYTHON_BLOCKS = python_blocks(README.read_text())
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize(("line", "code"), PYTHON_BLOCKS, ids=[f"L{n}" for n, _ in PYTHON_BLOCKS])
+def test_readme_python_runs_as_written(line: int, code: str, live_stack: LiveStack) -> None:
+    """Each Python example, as the README says to run it (``.venv/bin/python``, from the
+    repository), against the live stack: it prints an answer, not a traceback."""
+    proc = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "python"), "-c", live_stack.adapt(code)], cwd=ROOT,
+        env=_user_env(), capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S, check=False,
+    )  # fmt: skip
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "Traceback" not in output, f"README line {line}\n{output}"
+    assert proc.stdout.strip(), f"README line {line}: printed nothing"
+
+
+def test_the_readme_shows_a_python_client() -> None:
+    assert PYTHON_BLOCKS, "the README's first-hour client example is gone"
 
 
 def test_the_readme_has_commands_to_run() -> None:

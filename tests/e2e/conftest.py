@@ -72,6 +72,8 @@ class Proc:
     popen: subprocess.Popen[bytes] | None = None
     info: dict[str, Any] = field(default_factory=dict)
     listen: str = "127.0.0.1:0"  # a fixed address to restart a process where it was
+    # A controller's operator console on a free port; False leaves its default address.
+    free_console: bool = True
 
     @property
     def ready_file(self) -> Path:
@@ -91,6 +93,12 @@ class Proc:
             # of the drain delay passes its own, later on the line, which wins.
             "--drain-delay",
             "0",
+            # A controller's operator console on a free port (a test's own flag, later, wins).
+            *(
+                ["--console-listen", "127.0.0.1:0"]
+                if self.args[0] == "controller" and self.free_console
+                else []
+            ),
             *self.args[1:],
             "--listen",
             self.listen,
@@ -418,13 +426,14 @@ class Fleet:
 class Launcher:
     """Starts processes in a directory and stops every one of them at :meth:`close`."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, free_console: bool = True) -> None:
         self.workdir = workdir
         self.procs: list[Proc] = []
         self.fleets: list[Fleet] = []
+        self.free_console = free_console  # Proc.free_console for every process started
 
     def spawn(self, name: str, *args: str) -> Proc:
-        proc = Proc(name, list(args), self.workdir)
+        proc = Proc(name, list(args), self.workdir, free_console=self.free_console)
         self.procs.append(proc)
         return proc.start()
 
@@ -432,7 +441,10 @@ class Launcher:
         """Start ``proc`` again, same arguments, on the same gRPC address (it must have
         exited); the new process replaces it in every fleet. Its log is appended to."""
         assert not proc.alive, f"{proc.name} is still running"
-        again = Proc(proc.name, list(proc.args), self.workdir, listen=proc.grpc)
+        again = Proc(
+            proc.name, list(proc.args), self.workdir, listen=proc.grpc,
+            free_console=proc.free_console,
+        )  # fmt: skip
         again.log_file.rename(self.workdir / f"{proc.name}.{proc.pid}.log")
         self.procs.append(again)
         for fleet in self.fleets:

@@ -41,8 +41,24 @@ def test_metrics_reflect_traffic(fleet: Any, e2e: SimpleNamespace) -> None:
     err = e2e.rich_error(lambda: fleet.infer(model="no-such-model"))
     assert err.code == grpc.StatusCode.NOT_FOUND
     fleet.get_state()
+    handled = "grpc_server_handled_total"
+    control = {"grpc_service": "halcyon.v1.ControlService", "grpc_method": "GetState"}
 
-    after = {name: e2e.scrape(proc) for name, proc in procs.items()}
+    def settled() -> dict[str, Any] | None:
+        # A server counts a call once its answer is on its way: the client can hold the
+        # answer a moment before the count lands (a loaded machine widens that moment).
+        now = {name: e2e.scrape(proc) for name, proc in procs.items()}
+        gateway = sum(
+            e2e.sample(now["gateway"], handled, **INFER, grpc_code=code)
+            - e2e.sample(before["gateway"], handled, **INFER, grpc_code=code)
+            for code in ("OK", "Unauthenticated", "NotFound")
+        )
+        controller = e2e.sample(now["controller"], handled, **control, grpc_code="OK") - (
+            e2e.sample(before["controller"], handled, **control, grpc_code="OK")
+        )
+        return now if gateway >= CALLS + 3 and controller >= 1 else None
+
+    after = e2e.wait_for(settled, 10, "every answered call counted")
 
     def delta(proc: str, metric: str, **labels: str) -> float:
         return e2e.sample(after[proc], metric, **labels) - e2e.sample(
@@ -50,7 +66,6 @@ def test_metrics_reflect_traffic(fleet: Any, e2e: SimpleNamespace) -> None:
         )
 
     # -- gateway: gRPC server metrics with Go-style code names --------------------------------
-    handled = "grpc_server_handled_total"
     assert delta("gateway", handled, **INFER, grpc_code="OK") == CALLS
     assert delta("gateway", handled, **INFER, grpc_code="Unauthenticated") == 2
     assert delta("gateway", handled, **INFER, grpc_code="NotFound") == 1
@@ -100,7 +115,6 @@ def test_metrics_reflect_traffic(fleet: Any, e2e: SimpleNamespace) -> None:
     assert e2e.sample(worker, "halcyon_worker_controller_connected") == 1
 
     # -- controller ------------------------------------------------------------------------
-    control = {"grpc_service": "halcyon.v1.ControlService", "grpc_method": "GetState"}
     assert delta("controller", handled, **control, grpc_code="OK") == 1
     assert e2e.sample(after["controller"], "halcyon_controller_replicas", version="v1") == len(
         fleet.workers

@@ -12,6 +12,7 @@ from google.protobuf import duration_pb2
 from common.errors import parse_rpc_error
 from gateway.admission import TenantRegistry
 from halcyon.v1 import control_pb2, fleet_pb2
+from worker.metrics import BatchOutcome
 
 MODEL = "llama-3-8b"
 TINY_KEY = "tiny-tenant-key"
@@ -174,7 +175,7 @@ async def test_one_millisecond_timeout_on_a_slow_worker_is_rejected_up_front(
     assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert err.reason in ("DEADLINE_UNREACHABLE", "DEADLINE_MISSED")
     # Rejected before any device time was spent.
-    assert worker.metrics.batches.labels("ok")._value.get() == 0
+    assert worker.metrics.batches[BatchOutcome("ok")]._value.get() == 0
 
 
 async def test_learned_slowness_makes_a_tight_deadline_unreachable(
@@ -185,13 +186,13 @@ async def test_learned_slowness_makes_a_tight_deadline_unreachable(
     gw.apply([worker])
     for _ in range(3):  # let the cost model learn the replica's ~150 ms
         assert (await gw.infer()).output
-    served = worker.metrics.batches.labels("ok")._value.get()
+    served = worker.metrics.batches[BatchOutcome("ok")]._value.get()
 
     err = await gw.infer_error(timeout=duration_pb2.Duration(nanos=60_000_000))
 
     assert err.code == grpc.StatusCode.DEADLINE_EXCEEDED
     assert err.reason == "DEADLINE_UNREACHABLE"
-    assert worker.metrics.batches.labels("ok")._value.get() == served
+    assert worker.metrics.batches[BatchOutcome("ok")]._value.get() == served
     assert gw.sample("halcyon_gateway_shed_total", {"reason": "deadline_unreachable"}) == 1
 
 

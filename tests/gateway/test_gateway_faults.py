@@ -13,13 +13,14 @@ from common.auth import bearer_metadata
 from common.errors import parse_rpc_error
 from gateway.routing.breaker import BreakerState
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
+from worker.metrics import BatchOutcome
 
 MODEL = "llama-3-8b"
 FLEET = "gateway-test-fleet-token"
 
 
 def _batches(worker: Any, outcome: str) -> float:
-    return float(worker.metrics.batches.labels(outcome)._value.get())
+    return float(worker.metrics.batches[BatchOutcome(outcome)]._value.get())
 
 
 def _views(gw: Any, version: str = "v1") -> dict[str, Any]:

@@ -16,43 +16,27 @@ Waiting is always on a condition (the backend's ServerReady, a ready file, GetSt
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import ModuleType
 
 import grpc
 import pytest
 
 from halcyon.oip import grpc_predict_v2_pb2 as pb
 from halcyon.oip import grpc_predict_v2_pb2_grpc as pb_grpc
+from tests.support.launcher import e2e
 
+e2e_lib = e2e  # the name this suite's tests use
 REPO = Path(__file__).resolve().parents[2]
 KSERVE_PYTHON = REPO / ".tools" / "kserve" / "bin" / "python"
 SCRIPT = REPO / "scripts" / "kserve_decoder.py"
 BACKEND_MODEL = "decoder"
 BACKEND_START_S = 30.0  # kserve imports take ~5 s on an idle machine; 2 shared cores
-
-
-def _load_e2e() -> ModuleType:
-    name = "halcyon_tests_e2e_launcher"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, REPO / "tests" / "e2e" / "conftest.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-e2e_lib = _load_e2e()
 
 
 def require_kserve() -> Path:

@@ -9,28 +9,11 @@ waiting until a worker is in the middle of a batch.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
-_LAUNCHER_FILE = Path(__file__).resolve().parent.parent / "e2e" / "conftest.py"
-_MODULE = "halcyon_e2e_launcher"
+from tests.support.launcher import e2e as _launcher
 
-
-def _load_launcher() -> ModuleType:
-    if _MODULE in sys.modules:
-        return sys.modules[_MODULE]
-    spec = importlib.util.spec_from_file_location(_MODULE, _LAUNCHER_FILE)
-    assert spec is not None and spec.loader is not None, _LAUNCHER_FILE
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[_MODULE] = module  # dataclasses resolve their module while the body runs
-    spec.loader.exec_module(module)
-    return module
-
-
-_launcher = _load_launcher()
 Launcher: Any = _launcher.Launcher
 Fleet: Any = _launcher.Fleet
 Proc: Any = _launcher.Proc

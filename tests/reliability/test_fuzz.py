@@ -13,6 +13,14 @@ Two generators, both hypothesis (derandomized, so CI replays the same examples):
   ``WorkerService`` (standalone, so a fuzzed ``Drain`` drains nothing the gateway uses), and
   the controller's ``ControlService``.
 
+and three scenarios of hostile values that once got through (issue #24; generators and
+expected answers in ``fuzz_hostile``): Durations over the whole int64 range in ``StartRollout``
+policies (``INVALID_ARGUMENT`` whenever out of range) and in ``ReportOutcomes`` (answered OK,
+items dropped, GetState still printable as JSON); batches up to the worker's exact limits
+(4,096 items x (2**20 - 1) tokens, answered OK with the whole sum on both serving paths); and
+identifiers up to 1 MiB in every controller RPC that takes one (typed, with a message a C-core
+client can still read).
+
 Every answer must be ``OK`` or a status with a Halcyon ``ErrorInfo`` — never ``UNKNOWN`` or
 ``INTERNAL``; an ``InferRequest`` is answered with one of ``INVALID_ARGUMENT``, ``NOT_FOUND``,
 ``UNAUTHENTICATED``, ``RESOURCE_EXHAUSTED`` (or ``DEADLINE_EXCEEDED`` / ``DEADLINE_UNREACHABLE``
@@ -30,9 +38,10 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import fuzz_hostile as hostile
 import grpc
 import pytest
-from google.protobuf import duration_pb2
+from google.protobuf import duration_pb2, json_format
 from google.protobuf.descriptor import MethodDescriptor
 from google.protobuf.message import DecodeError, Message
 from google.protobuf.message_factory import GetMessageClass
@@ -403,3 +412,197 @@ def test_fuzzed_requests(targets: dict[str, Target], scoreboard: Any) -> None:
             + "; ".join(findings.violations[:: max(1, len(findings.violations) // 2)][:2])
         )
     scoreboard.check(row)
+
+
+# -- hostile values (issue #24) ----------------------------------------------------------------
+
+HOSTILE_EXAMPLES = 60
+LIMIT_EXAMPLES = 8  # per serving path: each batch is up to 4,096 items
+START_ROLLOUT = "/halcyon.v1.ControlService/StartRollout"
+REPORT_OUTCOMES = "/halcyon.v1.ControlService/ReportOutcomes"
+WORKER_SESSION = "/halcyon.v1.ControlService/WorkerSession"
+
+
+def _answer(call: Callable[[], Any]) -> tuple[str, str, Any]:
+    """(outcome key, status message, the response) of a call that ends within its timeout."""
+    try:
+        response = call()
+    except grpc.RpcError as err:
+        details = err.details() if callable(getattr(err, "details", None)) else ""
+        return outcome_key(err), str(details or ""), None
+    return "OK", "", response
+
+
+def _row(scenario: str, findings: Findings) -> Row:
+    answered = sum(n for k, n in findings.outcomes.items() if is_answer(k))
+    latencies = sorted(findings.latencies_ms)
+    row = Row(
+        scenario=scenario,
+        requests=findings.calls,
+        answered=answered,
+        p99_ms=latencies[int(0.99 * (len(latencies) - 1))] if latencies else None,
+        sheds=sheds_by_reason(findings.outcomes),
+        lost_detail={k: n for k, n in findings.outcomes.items() if not is_answer(k)},
+    )
+    row.notes.append("codes: " + ", ".join(f"{c} {n:,}" for c, n in findings.codes.most_common()))
+    if findings.violations:
+        row.failures.append(
+            f"{len(findings.violations)} answers broke the rules, e.g. "
+            + "; ".join(findings.violations[:2])
+        )
+    return row
+
+
+def test_hostile_durations(targets: dict[str, Target], scoreboard: Any) -> None:
+    controller = targets["controller"]
+    operator, fleet_md = _metadata(OPERATOR_TOKEN), _metadata(FLEET_TOKEN)
+    start = controller.channel.unary_unary(
+        START_ROLLOUT,
+        request_serializer=control_pb2.StartRolloutRequest.SerializeToString,
+        response_deserializer=control_pb2.StartRolloutResponse.FromString,
+    )
+    report = controller.channel.stream_unary(
+        REPORT_OUTCOMES,
+        request_serializer=control_pb2.ReportOutcomesRequest.SerializeToString,
+        response_deserializer=control_pb2.ReportOutcomesResponse.FromString,
+    )
+    get_state = controller.channel.unary_unary(
+        GET_STATE,
+        request_serializer=control_pb2.GetStateRequest.SerializeToString,
+        response_deserializer=control_pb2.GetStateResponse.FromString,
+    )
+    findings = Findings()
+
+    @settings(SETTINGS, max_examples=HOSTILE_EXAMPLES)
+    @given(policy=hostile.policies, d=hostile.durations)
+    def example(policy: control_pb2.RolloutPolicy, d: duration_pb2.Duration) -> None:
+        request = control_pb2.StartRolloutRequest(model=MODEL, canary_version="v-fuzz")
+        request.policy.CopyFrom(policy)
+        t0 = time.monotonic()
+        outcome, _, _ = _answer(lambda: start(request, metadata=operator, timeout=5))
+        problem = _judge(outcome, None)
+        if hostile.policy_durations_out_of_range(policy) and outcome != (
+            "INVALID_ARGUMENT/INVALID_FIELD"
+        ):
+            problem = f"{outcome} for an out-of-range policy Duration"
+        where = f"controller:StartRollout({_short(policy)})"
+        findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
+
+        t0 = time.monotonic()
+        sent = hostile.hostile_report(d, MODEL)
+        outcome, _, _ = _answer(lambda: report(iter([sent]), metadata=fleet_md, timeout=5))
+        problem = None if outcome == "OK" else f"the report stream ended {outcome}"
+        where = f"controller:ReportOutcomes({_short(d)})"
+        findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
+
+        # What grpcurl does with GetState: print it as JSON. A Duration no JSON can say (the
+        # fuzzed cost model, a stored policy) would break it for every operator.
+        t0 = time.monotonic()
+        outcome, _, state = _answer(
+            lambda: get_state(control_pb2.GetStateRequest(), metadata=operator, timeout=5)
+        )
+        problem = None if outcome == "OK" else f"GetState got {outcome}"
+        if state is not None:
+            try:
+                json_format.MessageToJson(state)
+            except Exception as exc:
+                problem = f"GetState no longer prints as JSON: {exc}"
+        findings.record(
+            "controller:GetState (as JSON)", outcome, (time.monotonic() - t0) * 1000, problem
+        )
+
+    example()
+    scoreboard.check(_row("hostile durations (StartRollout, ReportOutcomes)", findings))
+
+
+def _fuzz_limits(name: str, target: Target, findings: Findings) -> None:
+    execute = target.channel.unary_unary(
+        "/halcyon.v1.WorkerService/ExecuteBatch",
+        request_serializer=worker_pb2.ExecuteBatchRequest.SerializeToString,
+        response_deserializer=worker_pb2.ExecuteBatchResponse.FromString,
+    )
+    fleet_md = _metadata(FLEET_TOKEN)
+
+    @settings(SETTINGS, max_examples=LIMIT_EXAMPLES)
+    @given(shape=hostile.batch_shapes)
+    def example(shape: tuple[int, int]) -> None:
+        items, tokens = shape
+        request = hostile.batch(MODEL, items, tokens)
+        t0 = time.monotonic()
+        outcome, _, reply = _answer(lambda: execute(request, metadata=fleet_md, timeout=30))
+        problem = None if outcome == "OK" else f"{outcome} for a batch within the limits"
+        if reply is not None and reply.batch_tokens != items * tokens:
+            problem = f"batch_tokens {reply.batch_tokens}, sent {items * tokens}"
+        where = f"{name}:ExecuteBatch({items} x {tokens} tokens)"
+        findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
+        _after(target, findings, where)
+
+    example()
+
+
+def test_batches_at_the_limits(targets: dict[str, Target], scoreboard: Any) -> None:
+    findings = Findings()
+    for name in ("worker", "worker-aio"):
+        _fuzz_limits(name, targets[name], findings)
+    scoreboard.check(_row("batches at the limits (4,096 x 2^20 tokens)", findings))
+
+
+def _judge_identifier(outcome: str, message: str, value: str, limit: int) -> str | None:
+    problem = _judge(outcome, None)
+    if len(value) > limit and outcome != "INVALID_ARGUMENT/INVALID_FIELD":
+        problem = f"{outcome} for {len(value):,} characters (limit {limit})"
+    if len(message) > hostile.SHORT_MESSAGE:
+        problem = f"a {len(message):,}-character message echoes the request"
+    return problem
+
+
+def _fuzz_identifier(
+    controller: Target, method: str, field_name: str, limit: int, findings: Findings
+) -> None:
+    call = controller.channel.unary_unary(f"/halcyon.v1.ControlService/{method}")
+    md = _metadata(OPERATOR_TOKEN)
+
+    @settings(SETTINGS, max_examples=HOSTILE_EXAMPLES // 3)
+    @given(value=hostile.identifiers)
+    def example(value: str) -> None:
+        body = hostile.identifier_request(method, field_name, value)
+        t0 = time.monotonic()
+        outcome, message, _ = _answer(lambda: call(body, metadata=md, timeout=5))
+        where = f"controller:{method}({field_name} of {len(value):,} chars)"
+        problem = _judge_identifier(outcome, message, value, limit)
+        findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
+        _after(controller, findings, where)
+
+    example()
+
+
+def _fuzz_registration(controller: Target, findings: Findings) -> None:
+    session = controller.channel.stream_stream(WORKER_SESSION)
+    md = _metadata(FLEET_TOKEN)
+
+    @settings(SETTINGS, max_examples=HOSTILE_EXAMPLES // 3)
+    @given(value=hostile.identifiers.filter(lambda v: len(v) > hostile.MAX_ID_CHARS))
+    def example(value: str) -> None:
+        body = hostile.registration(value)
+
+        def first() -> Any:
+            for response in session(iter([body]), metadata=md, timeout=5):
+                return response
+            return None
+
+        t0 = time.monotonic()
+        outcome, message, _ = _answer(first)
+        where = f"controller:WorkerSession(replica_id of {len(value):,} chars)"
+        problem = _judge_identifier(outcome, message, value, hostile.MAX_ID_CHARS)
+        findings.record(where, outcome, (time.monotonic() - t0) * 1000, problem)
+        _after(controller, findings, where)
+
+    example()
+
+
+def test_overlong_identifiers(targets: dict[str, Target], scoreboard: Any) -> None:
+    findings = Findings()
+    for method, field_name, limit in hostile.IDENTIFIER_RPCS:
+        _fuzz_identifier(targets["controller"], method, field_name, limit, findings)
+    _fuzz_registration(targets["controller"], findings)
+    scoreboard.check(_row("overlong identifiers (1 MiB, 7 RPCs)", findings))

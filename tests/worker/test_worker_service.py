@@ -90,6 +90,7 @@ async def test_busy_is_answered_at_once_with_computed_retry_advice(
         lambda: urllib.request.urlopen(f"http://{w.app.host.metrics_address}/metrics").read()
     )
     samples = [s for f in text_string_to_metric_families(text.decode()) for s in f.samples]
+    served = {"model": w.app.config.model, "version": w.app.config.version}
     handled = [
         s
         for s in samples
@@ -106,11 +107,11 @@ async def test_busy_is_answered_at_once_with_computed_retry_advice(
     busy = [
         s.value
         for s in samples
-        if s.name == "halcyon_worker_batches_total" and s.labels == {"outcome": "busy"}
+        if s.name == "halcyon_worker_batches_total" and s.labels == {**served, "outcome": "busy"}
     ]
     assert busy == [1.0]
-    assert [s.value for s in samples if s.name == "halcyon_worker_busy_slots"] == [1.0]
-    assert [s.value for s in samples if s.name == "halcyon_worker_slots"] == [1.0]
+    for name in ("halcyon_worker_busy_slots", "halcyon_worker_slots"):
+        assert [(s.labels, s.value) for s in samples if s.name == name] == [(served, 1.0)]
     running.cancel()
 
 
@@ -127,8 +128,10 @@ async def test_cancelling_a_batch_frees_the_slot_at_once(
     reply = await w.execute(w.batch(("next", 10, 10), batch_id="b2"), timeout=RPC_TIMEOUT)
     assert [r.id for r in reply.results] == ["next"]
     registry = w.app.host.registry
-    assert registry.get_sample_value("halcyon_worker_batches_total", {"outcome": "cancelled"}) == 1
-    assert registry.get_sample_value("halcyon_worker_batches_total", {"outcome": "ok"}) == 1
+    served = {"model": w.app.config.model, "version": w.app.config.version}
+    batches = "halcyon_worker_batches_total"
+    assert registry.get_sample_value(batches, {**served, "outcome": "cancelled"}) == 1
+    assert registry.get_sample_value(batches, {**served, "outcome": "ok"}) == 1
 
 
 async def test_drain_refuses_new_work_and_finishes_in_flight(
@@ -181,7 +184,8 @@ async def test_undrain_takes_work_again_and_a_later_drain_is_a_new_one(
     assert [r.id for r in (await w.execute(w.batch(("back", 10, 10)))).results] == ["back"]
     load = (await w.stub.Describe(worker_pb2.DescribeRequest(), metadata=w.metadata)).load
     assert not load.draining
-    assert w.app.host.registry.get_sample_value("halcyon_worker_draining") == 0
+    served = {"model": w.app.config.model, "version": w.app.config.version}
+    assert w.app.host.registry.get_sample_value("halcyon_worker_draining", served) == 0
 
     # Drain again: a new drain (it counts this one's batches), not the first one's result.
     in_flight = asyncio.ensure_future(w.execute(w.batch(("second", 20_000, 0))))
@@ -214,7 +218,10 @@ async def test_drain_cancels_what_outlives_the_grace(start_worker: Any, wait_unt
     assert parse_rpc_error(err).reason == Reason.REPLICA_DRAINING
     assert w.app.slots.busy == 0
     assert (
-        w.app.host.registry.get_sample_value("halcyon_worker_batches_total", {"outcome": "drained"})
+        w.app.host.registry.get_sample_value(
+            "halcyon_worker_batches_total",
+            {"model": w.app.config.model, "version": w.app.config.version, "outcome": "drained"},
+        )
         == 1
     )
 
@@ -290,7 +297,10 @@ async def test_malformed_batches_are_refused_naming_the_field(
         assert [v.field for v in rich.field_violations] == [field]
     assert w.app.slots.busy == 0
     assert (
-        w.app.host.registry.get_sample_value("halcyon_worker_batches_total", {"outcome": "invalid"})
+        w.app.host.registry.get_sample_value(
+            "halcyon_worker_batches_total",
+            {"model": w.app.config.model, "version": w.app.config.version, "outcome": "invalid"},
+        )
         == 1
     )
 
