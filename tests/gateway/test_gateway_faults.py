@@ -165,21 +165,26 @@ async def test_busy_answers_are_not_counted_as_batch_failures(
     worker = await start_worker(replica_id="w-1", slots=1, intercept_ms=80.0)
     gw = await start_gateway()
     gw.apply([worker])
-    stop = asyncio.Event()
-    occupier = asyncio.create_task(_occupy(worker, stop))
-    await wait_until(lambda: worker.slots.busy == 1)
-    try:
-        reply = await gw.infer()
-    finally:
-        stop.set()
-        await occupier
-    assert reply.output
+    calls = 0
+    # A call can land in the gap between two of the outsider's batches and find the slot free;
+    # try again until one met the busy replica (the precondition), each try one batch.
+    while calls < 5 and gw.sample("halcyon_gateway_busy_retries_total") < 1:
+        stop = asyncio.Event()
+        occupier = asyncio.create_task(_occupy(worker, stop))
+        await wait_until(lambda: worker.slots.busy == 1)
+        try:
+            reply = await gw.infer()
+        finally:
+            stop.set()
+            await occupier
+        assert reply.output
+        calls += 1
     busy = gw.sample("halcyon_gateway_busy_retries_total")
     assert busy >= 1 and _batches(worker, "busy") >= 1  # precondition: backpressure happened
     assert _batches(worker, "device_fault") == 0
     assert gw.sample("halcyon_gateway_batch_failures_total") == 0
-    # One batch was dispatched (perhaps several times): one batch-size observation.
-    assert gw.sample("halcyon_gateway_batch_size_count") == 1
+    # One batch per call was dispatched (perhaps several times): one batch-size observation each.
+    assert gw.sample("halcyon_gateway_batch_size_count") == calls
 
 
 async def test_draining_replica_gets_no_new_batches(start_worker: Any, start_gateway: Any) -> None:
