@@ -34,6 +34,10 @@ with :meth:`RawCall.reply` or :meth:`RawCall.fail`; a call the client cancels (o
 passes) first runs its ``on_cancel`` callback, and later answers are dropped. Every call is
 counted under the conventional ``grpc_server_*`` families, exactly as the aio interceptor counts
 the process's other methods.
+
+Parts: the verified grpcio releases (:data:`VERIFIED_GRPCIO`) and the internals' expected shape
+live in ``common.raw_unary_gate``, the method's ``grpc_server_*`` children (``_MethodMetrics``)
+in ``common.raw_unary_metrics``; both are imported back here. The checks stay here, by ``cygrpc``.
 """
 
 from __future__ import annotations
@@ -52,9 +56,10 @@ from typing import Any
 
 import grpc
 
-from common.buffered_metrics import BufferedCounter
 from common.errors import Reason, RichError
-from common.grpc_metrics import GrpcServerMetrics, code_name, split_method
+from common.grpc_metrics import GrpcServerMetrics, code_name
+from common.raw_unary_gate import _ATTRIBUTES, _SIGNATURES, VERIFIED_GRPCIO
+from common.raw_unary_metrics import _MethodMetrics
 
 try:  # grpc internals: absent or changed -> fast_path_refusal() says why, grpc.aio serves
     from grpc._cython import cygrpc
@@ -63,26 +68,17 @@ except ImportError:  # pragma: no cover - depends on the grpcio build
 
 __all__ = [
     "VERIFIED_GRPCIO",
+    "_ATTRIBUTES",
+    "_SIGNATURES",
     "FaultHook",
     "RawCall",
     "RawUnaryEndpoint",
     "ServingPathError",
+    "_MethodMetrics",
     "fast_path_refusal",
 ]
 
 _log = logging.getLogger("halcyon.raw_unary")
-
-# grpcio minor releases whose internals this module was verified against, with how. A release is
-# verified when the whole test suite passes with it on both serving paths (`make test` runs the
-# serving, gateway and worker tests on each) and tests/serving/test_fast_path_safety.py passes
-# (fault isolation, wedge -> liveness, SIGTERM without a core abort). Patch releases of a listed
-# minor are trusted: grpc changes its Cython layer in minor releases. Add a minor only after
-# running that suite on it; anything else is served through grpc.aio with one log line.
-VERIFIED_GRPCIO: dict[str, str] = {
-    # 1.85.3 (constraints.txt): `make test`. 1.85.1: tests/serving, gateway, worker and e2e
-    # on the fast path, and tests/serving, gateway and worker on grpc.aio.
-    "1.85": "verified on 1.85.1 and 1.85.3",
-}
 
 # A core deadline this far out means the client set none.
 _NO_DEADLINE = 1e15
@@ -112,26 +108,6 @@ class ServingPathError(OSError):
 
 # -- may the fast path serve? ---------------------------------------------------------------------
 
-# What this module calls on grpc internals: (owner, method) -> parameter names.
-_SIGNATURES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("Server", "register_completion_queue"): ("self", "queue"),
-    ("Server", "register_method"): ("self", "fully_qualified_method"),
-    ("Server", "request_registered_call"): ("self", "call_queue", "server_queue", "method", "tag"),
-    ("CompletionQueue", "poll"): ("self", "deadline"),
-    ("CompletionQueue", "shutdown"): ("self",),
-    ("Call", "start_server_batch"): ("self", "operations", "tag"),
-    ("Call", "cancel"): ("self", "error_code", "details"),
-}
-# Event and operation attributes read off what the queue returns.
-_ATTRIBUTES: dict[str, tuple[str, ...]] = {
-    "CompletionType": ("operation_complete", "queue_shutdown", "queue_timeout"),
-    "RequestCallEvent": ("call", "call_details", "invocation_metadata", "success", "tag"),
-    "BatchOperationEvent": ("batch_operations", "success", "tag"),
-    "CallDetails": ("deadline",),
-    "ReceiveMessageOperation": ("message",),
-    "ReceiveCloseOnServerOperation": ("cancelled",),
-}
-
 
 def fast_path_refusal(version: str | None = None) -> str | None:
     """None when the completion-queue path may serve with this grpcio; otherwise why not.
@@ -144,7 +120,7 @@ def fast_path_refusal(version: str | None = None) -> str | None:
         verified = ", ".join(f"{m}.x" for m in sorted(VERIFIED_GRPCIO))
         return (
             f"grpcio {version} is not a release the completion-queue path was verified on "
-            f"(verified: {verified}; see VERIFIED_GRPCIO in common/raw_unary.py)"
+            f"(verified: {verified}; see VERIFIED_GRPCIO in common/raw_unary_gate.py)"
         )
     return _internals_refusal()
 
@@ -295,33 +271,6 @@ class RawCall:
         self._state = _ANSWERED
         ops = _build_ops(trailers, code.value[0], details.encode("utf-8", "replace"), None)
         self._endpoint._finish(self, ops, code, sent=False)
-
-
-class _MethodMetrics:
-    """The method's ``grpc_server_*`` children: counters buffered (flushed at scrape), the
-    duration histogram observed directly."""
-
-    def __init__(self, metrics: GrpcServerMetrics, method: str) -> None:
-        service, name = split_method(method)
-        labels = (service, name, "unary")
-        self._metrics = metrics
-        self._labels = labels
-        self.started = BufferedCounter(metrics.started.labels(*labels))
-        self.received = BufferedCounter(metrics.received.labels(*labels))
-        self.sent = BufferedCounter(metrics.sent.labels(*labels))
-        self.seconds = metrics.seconds.labels(*labels)
-        self._handled: dict[str, BufferedCounter] = {}
-
-    def handled(self, code: str) -> BufferedCounter:
-        counter = self._handled.get(code)
-        if counter is None:
-            counter = BufferedCounter(self._metrics.handled.labels(*self._labels, code))
-            self._handled[code] = counter
-        return counter
-
-    def flush(self) -> None:
-        for counter in (self.started, self.received, self.sent, *list(self._handled.values())):
-            counter.flush()
 
 
 def _core_server(server: grpc.aio.Server) -> Any | None:

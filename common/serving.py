@@ -1,48 +1,38 @@
 """Hosting a Halcyon gRPC service: one way every process binds, probes, measures and stops.
 
 What it decides: the plumbing around a ``grpc.aio`` server that controller, gateway and worker
-share (design sections 3 and 6), so none of them re-invents it:
+share (design sections 3 and 6), so none of them re-invents it. :class:`ServiceHost` lives here;
+the rest is in sibling modules and imported back, so existing imports keep working:
+
+* :mod:`common.serving_options` -- ``HOST:PORT`` parsing, :class:`TlsOptions` (``--tls-client-ca``
+  verifies clients, ``--tls-ca`` verifies servers), :class:`ServingOptions`, the serving-path
+  choice, the explicit gRPC limits and core options (why ``so_reuseport`` is off);
+* :mod:`common.metrics_http` -- the ``/metrics`` HTTP server on its own port;
+* :mod:`common.serving_flags` -- the command-line flags every server shares.
+
+What :class:`ServiceHost` adds on top:
 
 * health (``grpc.health.v1``) with separate names: ``liveness`` SERVING from start until stop
   while the data path makes progress (``common.liveness`` judges it from a watchdog thread);
   ``readiness``, ``""`` and every added service's full name NOT_SERVING until
-  :meth:`ServiceHost.set_ready`, and whenever liveness is off — Kubernetes' native gRPC probes
-  can use either name, on the main port or on a probe port (``--health-listen``) that gRPC's
-  own threads answer, off the event loop;
+  :meth:`ServiceHost.set_ready`, and whenever liveness is off -- on the main port or on a probe
+  port (``--health-listen``) that gRPC's own threads answer, off the event loop;
 * which path serves the hot unary methods (``--serving-path``, ADR 0010): the completion-queue
   endpoints (``common.raw_unary``) where grpcio is a verified release, else ``grpc.aio``, said
   in one log line; an endpoint that fails for good turns liveness off and stops the process;
-* server reflection, so ``grpcurl -plaintext host:port list`` works with no proto files;
-* ``grpc_server_*`` Prometheus metrics plus process metrics and ``halcyon_build_info``
-  (:mod:`common.build_info`) on a per-host registry, served on a separate HTTP port;
-* the auth gate (:mod:`common.auth`) ahead of every handler, fail-closed: a service whose
-  methods are not all in the method table cannot even be added;
-* request bytes that do not decode answered ``INVALID_ARGUMENT`` on every method grpc.aio
-  serves (:mod:`common.decode_guard`), inside the auth gate, never ``UNKNOWN``;
-* OpenTelemetry RPC spans for every method grpc.aio serves
-  (:func:`common.tracing.server_interceptor`);
-* a bounded connection age (``--max-connection-age``): the server sends GOAWAY to connections
-  older than it, so HTTP/2 clients — which otherwise keep one connection for ever — reconnect
-  and spread over the pods a Service has now, not the ones it had when they connected;
-* optional TLS, with the two jobs of a CA kept apart: ``--tls-client-ca`` requires and verifies
-  client certificates on incoming calls (mTLS), ``--tls-ca`` verifies servers on outgoing calls;
-* explicit gRPC limits (:data:`MAX_RECEIVE_MESSAGE_BYTES`, :data:`MAX_METADATA_BYTES`): the
-  core rejects a call above them with RESOURCE_EXHAUSTED before any handler sees it;
+* server reflection, ``grpc_server_*`` and process metrics plus ``halcyon_build_info``
+  (:mod:`common.build_info`) on a per-host registry, the auth gate (:mod:`common.auth`,
+  fail-closed), the decode guard (:mod:`common.decode_guard`) and OpenTelemetry RPC spans;
 * a ready file written atomically after binding, so scripts and tests learn ephemeral ports;
-* graceful shutdown on SIGTERM/SIGINT: readiness off, keep serving for ``--drain-delay`` (so
-  load balancers and health-checking clients see NOT_SERVING and stop sending), the caller's
-  drain hook (the application stops taking new work and finishes what it accepted), then new
-  calls held until none is pending in gRPC's transport (:mod:`common.stop_gate`, at most
-  :data:`STOP_HOLD_LIMIT_S`), then ``server.stop(grace)`` and the held calls refused with
-  ``SHUTTING_DOWN``. A second signal skips what is left of the delay and the grace.
-
-Why ``so_reuseport`` is off: with it on (gRPC's default on Linux) a second process silently
-binds the same port and steals half the connections; a fixed port must fail loudly instead.
+* graceful shutdown on SIGTERM/SIGINT: readiness off, keep serving for ``--drain-delay``, the
+  caller's drain hook, then new calls held until none is pending in gRPC's transport
+  (:mod:`common.stop_gate`, at most :data:`STOP_HOLD_LIMIT_S`), then ``server.stop(grace)``
+  and the held calls refused with ``SHUTTING_DOWN``. A second signal skips what is left of the
+  delay and the grace.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import functools
@@ -50,14 +40,10 @@ import json
 import logging
 import os
 import signal
-import socket
 import threading
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from socketserver import ThreadingMixIn
 from typing import Any
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import grpc
 import grpc.aio
@@ -70,7 +56,6 @@ from prometheus_client import (
     GCCollector,
     PlatformCollector,
     ProcessCollector,
-    make_wsgi_app,
 )
 
 from common.auth import Access, AuthInterceptor, AuthPolicy
@@ -79,12 +64,31 @@ from common.build_info import export_build_info
 from common.decode_guard import DecodeGuard
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
-from common.keepalive import KEEPALIVE_ENV, KeepalivePolicy
-from common.keepalive import configure as configure_keepalive
-from common.keepalive import current as current_keepalive
 from common.liveness import LIVE, LivenessWatchdog, Verdict
+from common.metrics_http import _MetricsHttpServer, _QuietHandler, _ThreadingWSGIServer
 from common.ports import describe_port_holders
 from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
+from common.serving_flags import (
+    _non_negative_seconds,
+    add_serving_arguments,
+    add_serving_path_arguments,
+    outgoing_tls_from_args,
+    serving_options_from_args,
+)
+from common.serving_options import (
+    DEFAULT_DRAIN_DELAY_S,
+    MAX_METADATA_BYTES,
+    MAX_PENDING_CALLS,
+    MAX_RECEIVE_MESSAGE_BYTES,
+    SERVING_PATH_ENV,
+    SERVING_PATHS,
+    ServingOptions,
+    TlsOptions,
+    _default_serving_path,
+    format_hostport,
+    parse_hostport,
+    server_options,
+)
 from common.stop_gate import StopGate
 from common.tracing import server_interceptor
 
@@ -92,6 +96,7 @@ __all__ = [
     "DEFAULT_DRAIN_DELAY_S",
     "LIVENESS",
     "MAX_METADATA_BYTES",
+    "MAX_PENDING_CALLS",
     "MAX_RECEIVE_MESSAGE_BYTES",
     "READINESS",
     "SERVING_PATHS",
@@ -102,10 +107,17 @@ __all__ = [
     "ServingFailed",
     "ServingOptions",
     "TlsOptions",
+    "_MetricsHttpServer",
+    "_QuietHandler",
+    "_ThreadingWSGIServer",
+    "_default_serving_path",
+    "_non_negative_seconds",
     "add_serving_arguments",
+    "add_serving_path_arguments",
     "format_hostport",
     "outgoing_tls_from_args",
     "parse_hostport",
+    "server_options",
     "serving_options_from_args",
 ]
 
@@ -113,59 +125,12 @@ LIVENESS = "liveness"
 READINESS = "readiness"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
 _OPEN = (Access.PUBLIC, Access.TENANT)  # the auth gate lets these through to the handler
-# gRPC's own limits, set explicitly so the documented numbers are the enforced ones. Above
-# them the core answers RESOURCE_EXHAUSTED (no ErrorInfo: no handler ever sees the call).
-MAX_RECEIVE_MESSAGE_BYTES = 4 * 1024 * 1024
-# One limit for all metadata of a call: soft = hard, so a rejection is certain, not random.
-MAX_METADATA_BYTES = 16 * 1024
-# Calls gRPC core holds for a server whose application has not yet taken them. Past core's
-# default soft limit (1,000) it drops new calls at random with a bare CANCELLED before any
-# handler sees them, so a retry storm lost thousands of requests with no answer at all. Held
-# instead, each reaches admission and gets a typed answer (ADR 0017). A held call costs its
-# arena and what flow control already let in, so the bound is memory, not correctness.
-MAX_PENDING_CALLS = 50_000
-# On SIGTERM, how long a server stays up with readiness off before it stops accepting calls:
-# Kubernetes removes a pod from Service endpoints asynchronously, typically within a few
-# seconds of the pod's termination starting.
-DEFAULT_DRAIN_DELAY_S = 5.0
 # After the drain hook, before the stop (ServiceHost.quiesce): new calls are held until none has
 # arrived for STOP_QUIET_S (gRPC's pending calls have all been taken), STOP_HOLD_LIMIT_S at most.
 # 50 ms: 32 closed-loop clients' calls were all held within ~8 ms of the gate closing.
 STOP_QUIET_S = 0.05
 STOP_HOLD_LIMIT_S = 0.25
 _log = logging.getLogger("halcyon.serving")
-# fast: the completion-queue endpoints where grpcio is verified (else aio, said once); aio: never.
-SERVING_PATHS = ("fast", "aio")
-SERVING_PATH_ENV = "HALCYON_SERVING_PATH"
-
-
-def _default_serving_path() -> str:
-    """``$HALCYON_SERVING_PATH`` if set (how the test suite runs both paths), else fast."""
-    value = os.environ.get(SERVING_PATH_ENV, "").strip().lower() or "fast"
-    if value not in SERVING_PATHS:
-        raise ValueError(f"${SERVING_PATH_ENV} must be one of {', '.join(SERVING_PATHS)}")
-    return value
-
-
-def parse_hostport(value: str) -> tuple[str, int]:
-    """``"127.0.0.1:50060"`` / ``"[::1]:0"`` / ``"localhost:9"`` -> ``(host, port)``."""
-    host, sep, port_text = value.rpartition(":")
-    if not sep or not host:
-        raise ValueError(f"expected HOST:PORT, got {value!r}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ValueError(f"port in {value!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ValueError(f"port in {value!r} is out of range")
-    return host, port
-
-
-def format_hostport(host: str, port: int) -> str:
-    """The inverse of :func:`parse_hostport` (IPv6 literals in brackets)."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def _holder_hint(listen: str) -> str:
@@ -178,104 +143,9 @@ def _holder_hint(listen: str) -> str:
     return f"; {holders}" if holders else ""
 
 
-@dataclass(frozen=True)
-class TlsOptions:
-    """PEM files: this process's certificate and key, and the CAs it trusts for each direction.
-
-    * serving (:meth:`server_credentials`): ``cert``/``key`` are the server's identity;
-      ``client_ca`` set requires every client to present a certificate it signed (mTLS);
-    * calling (:meth:`channel_credentials`): ``ca`` verifies the server (None: the system's
-      trust roots); ``cert``/``key``, when set, are presented as the client's certificate.
-    """
-
-    cert: Path | None
-    key: Path | None
-    client_ca: Path | None = None
-    ca: Path | None = None
-
-    def server_credentials(self) -> grpc.ServerCredentials:
-        if self.cert is None or self.key is None:
-            raise ValueError("serving TLS needs a certificate and its key")
-        ca = self.client_ca.read_bytes() if self.client_ca else None
-        return grpc.ssl_server_credentials(
-            [(self.key.read_bytes(), self.cert.read_bytes())],
-            root_certificates=ca,
-            require_client_auth=ca is not None,
-        )
-
-    def channel_credentials(self) -> grpc.ChannelCredentials:
-        own = self.cert is not None and self.key is not None
-        return grpc.ssl_channel_credentials(
-            root_certificates=self.ca.read_bytes() if self.ca else None,
-            private_key=self.key.read_bytes() if own and self.key else None,
-            certificate_chain=self.cert.read_bytes() if own and self.cert else None,
-        )
-
-
-@dataclass
-class ServingOptions:
-    """Where and how a host listens."""
-
-    listen: str = "127.0.0.1:0"  # host:port for gRPC
-    metrics_listen: str | None = "127.0.0.1:0"  # host:port for /metrics; None = off
-    ready_file: Path | None = None  # {"grpc": "h:p", "metrics": "h:p", "pid": n}, atomically
-    grace_s: float = 10.0  # SIGTERM grace for in-flight RPCs
-    tls: TlsOptions | None = None  # server cert/key (+ client CA for mTLS)
-    serving_path: str = field(default_factory=_default_serving_path)  # "fast" | "aio"
-    health_listen: str | None = None  # host:port for a loop-free health probe port; None = off
-    stall_limit_s: float = 10.0  # liveness off after this long without data-path progress
-    # GOAWAY to connections older than this (gRPC adds +-10 % jitter); None = never. Calls
-    # still running then get ``max_connection_age_grace_s`` before the connection closes.
-    max_connection_age_s: float | None = None
-    max_connection_age_grace_s: float = 30.0
-
-    # SIGTERM: readiness off this long before the server stops accepting (the CLI's default
-    # is DEFAULT_DRAIN_DELAY_S; embedded hosts and tests stop at once).
-    drain_delay_s: float = 0.0
-    # Which keepalive pings the server accepts (common.keepalive); None: the process's policy.
-    keepalive: KeepalivePolicy | None = None
-
-
 class ServingFailed(Exception):
     """:meth:`ServiceHost.serve_until_signal` stopped the host because a completion-queue
     endpoint could not go on (already logged): the process should exit non-zero."""
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
-class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-
-
-class _MetricsHttpServer:
-    """Prometheus text exposition of one registry on its own port, in a daemon thread."""
-
-    def __init__(self, listen: str, registry: CollectorRegistry) -> None:
-        host, port = parse_hostport(listen)
-
-        class Server(_ThreadingWSGIServer):
-            address_family = socket.AF_INET6 if ":" in host else socket.AF_INET
-
-        self._httpd = make_server(
-            host, port, make_wsgi_app(registry), Server, handler_class=_QuietHandler
-        )
-        self.host = host
-        self.port: int = self._httpd.server_address[1]
-        # A short poll interval so stop() returns promptly.
-        self._thread = threading.Thread(
-            target=self._httpd.serve_forever,
-            kwargs={"poll_interval": 0.05},
-            name=f"metrics-http-{self.port}",
-            daemon=True,
-        )
-        self._thread.start()
-
-    def close(self) -> None:
-        self._httpd.shutdown()
-        self._httpd.server_close()
 
 
 class _GenericOnly:
@@ -721,239 +591,3 @@ class ServiceHost:
     def _on_signal(self, sig: signal.Signals) -> None:
         _log.info("signal received", extra={"signal": sig.name, "host_name": self.name})
         self.request_shutdown()
-
-
-def server_options(options: ServingOptions) -> list[tuple[str, Any]]:
-    """The gRPC core options a host's server is built with."""
-    core: list[tuple[str, Any]] = [
-        ("grpc.so_reuseport", 0),
-        # Measured on the gateway at ~4,000 Infer/s: 0.194-0.198 ms of CPU per request
-        # with it, 0.199-0.227 without, and no change to light-load latency.
-        ("grpc.optimization_target", "throughput"),
-        ("grpc.max_receive_message_length", MAX_RECEIVE_MESSAGE_BYTES),
-        ("grpc.max_metadata_size", MAX_METADATA_BYTES),
-        ("grpc.absolute_max_metadata_size", MAX_METADATA_BYTES),
-        ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
-        ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
-        # Accept the fleet's keepalive pings, however long a call runs without data: gRPC's
-        # default answers a ping every ~minute on a quiet call with GOAWAY too_many_pings.
-        *(options.keepalive or current_keepalive()).server_options(),
-    ]
-    if options.max_connection_age_s:
-        core += [
-            ("grpc.max_connection_age_ms", max(1, round(options.max_connection_age_s * 1000))),
-            (
-                "grpc.max_connection_age_grace_ms",
-                max(0, round(options.max_connection_age_grace_s * 1000)),
-            ),
-        ]
-    return core
-
-
-# -- the command-line flags every server shares -----------------------------------------------
-
-
-def add_serving_arguments(
-    parser: argparse.ArgumentParser,
-    *,
-    default_listen: str,
-    default_metrics_listen: str,
-    default_max_connection_age: float = 0.0,
-) -> None:
-    """``--listen --metrics-listen --ready-file --log-level --shutdown-grace --serving-path
-    --health-listen --stall-limit --max-connection-age --max-connection-age-grace
-    --keepalive-interval --drain-delay --tls-cert --tls-key --tls-client-ca --tls-ca``."""
-    group = parser.add_argument_group("serving")
-    group.add_argument(
-        "--listen",
-        default=default_listen,
-        metavar="HOST:PORT",
-        help=f"gRPC listen address; port 0 picks a free one (default {default_listen})",
-    )
-    group.add_argument(
-        "--metrics-listen",
-        default=default_metrics_listen,
-        metavar="HOST:PORT",
-        help=f"Prometheus /metrics listen address, or 'off' (default {default_metrics_listen})",
-    )
-    group.add_argument(
-        "--ready-file",
-        type=Path,
-        metavar="PATH",
-        help='after binding, write {"grpc": ..., "metrics": ..., "health": ..., "pid": ...} here '
-        "atomically",
-    )
-    group.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=("DEBUG", "INFO", "WARNING", "ERROR"),
-        help="JSON log lines on stderr at this level (default INFO)",
-    )
-    group.add_argument(
-        "--shutdown-grace",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="on SIGTERM, after the drain delay, how long in-flight work may take to finish "
-        "(default 10)",
-    )
-    add_serving_path_arguments(group)
-    group.add_argument(
-        "--max-connection-age",
-        type=float,
-        default=default_max_connection_age,
-        metavar="SECONDS",
-        help="send GOAWAY to client connections older than this (+-10%% jitter), so "
-        "long-lived HTTP/2 clients reconnect and rebalance across replicas; 0 = never "
-        "(default %(default)s)",
-    )
-    group.add_argument(
-        "--max-connection-age-grace",
-        type=float,
-        default=30.0,
-        metavar="SECONDS",
-        help="after GOAWAY, how long calls still running on the old connection may take "
-        "before it is closed (default %(default)s)",
-    )
-    group.add_argument(
-        "--keepalive-interval",
-        type=float,
-        default=None,
-        metavar="SECONDS",
-        help="HTTP/2 keepalive: ping peers on the channels this process opens this often "
-        "while calls run or connections idle, and accept pings from clients twice as often; "
-        f"use the same value on every process of a fleet (default ${KEEPALIVE_ENV} or 20)",
-    )
-    group.add_argument(
-        "--drain-delay",
-        type=_non_negative_seconds,
-        default=DEFAULT_DRAIN_DELAY_S,
-        metavar="SECONDS",
-        help="on SIGTERM, keep serving this long with readiness NOT_SERVING so load balancers "
-        f"stop sending, then stop accepting; a second signal cuts it short "
-        f"(default {DEFAULT_DRAIN_DELAY_S:g})",
-    )
-    tls = parser.add_argument_group("TLS (off unless given)")
-    tls.add_argument(
-        "--tls-cert",
-        type=Path,
-        metavar="PEM",
-        help="this process's certificate: serve TLS with it, and present it as the client "
-        "certificate on outgoing calls (default: plaintext)",
-    )
-    tls.add_argument(
-        "--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert (default: none)"
-    )
-    tls.add_argument(
-        "--tls-client-ca",
-        type=Path,
-        metavar="PEM",
-        help="incoming calls: require a client certificate signed by this CA (mutual TLS; "
-        "needs --tls-cert/--tls-key) (default: no client certificate asked)",
-    )
-    tls.add_argument(
-        "--tls-ca",
-        type=Path,
-        metavar="PEM",
-        help="outgoing calls: use TLS and verify the server against this CA (default: TLS with "
-        "the system's trust roots when --tls-cert is given, else plaintext)",
-    )
-
-
-def _non_negative_seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-    if not (value >= 0.0 and value != float("inf")):
-        raise argparse.ArgumentTypeError(f"must be >= 0 seconds, got {text!r}")
-    return value
-
-
-def add_serving_path_arguments(group: argparse._ArgumentGroup) -> None:
-    """``--serving-path --health-listen --stall-limit`` (ADR 0010)."""
-    try:
-        default_path = _default_serving_path()
-    except ValueError as exc:
-        raise SystemExit(str(exc)) from None
-    group.add_argument(
-        "--serving-path",
-        choices=SERVING_PATHS,
-        default=default_path,
-        help="what serves the hot unary methods (the gateway's Infer, the worker's "
-        "ExecuteBatch): 'fast' = gRPC's completion queue where grpcio is a release the test "
-        "suite verified, else grpc.aio with one log line saying why; 'aio' = always grpc.aio "
-        f"(default ${SERVING_PATH_ENV} or fast: %(default)s)",
-    )
-    group.add_argument(
-        "--health-listen",
-        default="off",
-        metavar="HOST:PORT",
-        help="also answer grpc.health.v1 (liveness, readiness) on this plaintext port from "
-        "gRPC's own threads, off the event loop: for Kubernetes probes (default %(default)s)",
-    )
-    group.add_argument(
-        "--stall-limit",
-        type=float,
-        default=10.0,
-        metavar="SECONDS",
-        help="liveness turns NOT_SERVING when the event loop runs nothing, or a completion "
-        "queue holds calls nobody takes, for this long (default %(default)s)",
-    )
-
-
-def serving_options_from_args(args: argparse.Namespace) -> ServingOptions:
-    """ServingOptions from the flags :func:`add_serving_arguments` added."""
-    tls: TlsOptions | None = None
-    if args.tls_cert or args.tls_key:
-        if not (args.tls_cert and args.tls_key):
-            raise SystemExit("--tls-cert and --tls-key go together")
-        tls = TlsOptions(cert=args.tls_cert, key=args.tls_key, client_ca=args.tls_client_ca)
-    elif args.tls_client_ca:
-        raise SystemExit(
-            "--tls-client-ca (require client certificates) needs --tls-cert and --tls-key"
-        )
-    metrics = args.metrics_listen
-    if metrics is not None and metrics.strip().lower() in ("", "off", "none"):
-        metrics = None
-    health_listen = args.health_listen
-    if health_listen is not None and health_listen.strip().lower() in ("", "off", "none"):
-        health_listen = None
-    if health_listen is not None:
-        try:
-            parse_hostport(health_listen)
-        except ValueError as exc:
-            raise SystemExit(f"--health-listen: {exc}") from None
-    if not args.stall_limit > 0:
-        raise SystemExit("--stall-limit must be a positive number of seconds")
-    if args.max_connection_age < 0 or args.max_connection_age_grace < 0:
-        raise SystemExit("--max-connection-age and --max-connection-age-grace must be >= 0")
-    # Process-wide: the channels this process opens (to workers, to the controller) ping at
-    # the same interval its server accepts.
-    try:
-        keepalive = configure_keepalive(getattr(args, "keepalive_interval", None))
-    except ValueError as exc:
-        raise SystemExit(f"--keepalive-interval: {exc}") from None
-    return ServingOptions(
-        listen=args.listen,
-        metrics_listen=metrics,
-        ready_file=args.ready_file,
-        grace_s=args.shutdown_grace,
-        tls=tls,
-        serving_path=args.serving_path,
-        health_listen=health_listen,
-        stall_limit_s=args.stall_limit,
-        max_connection_age_s=args.max_connection_age or None,
-        max_connection_age_grace_s=args.max_connection_age_grace,
-        drain_delay_s=args.drain_delay,
-        keepalive=keepalive,
-    )
-
-
-def outgoing_tls_from_args(args: argparse.Namespace) -> TlsOptions | None:
-    """How this process calls its peers: TLS when ``--tls-ca`` or ``--tls-cert`` is given
-    (verifying servers against ``--tls-ca``, else the system roots; presenting ``--tls-cert``
-    as the client certificate when given), else None for plaintext."""
-    if not (args.tls_ca or args.tls_cert):
-        return None
-    return TlsOptions(cert=args.tls_cert, key=args.tls_key, ca=args.tls_ca)

@@ -56,6 +56,7 @@ from controller.registry import MAX_ID_CHARS, MAX_NAME_CHARS, identifier_problem
 from halcyon.v1 import control_pb2, fleet_pb2
 
 __all__ = [
+    "ANSWERED_KINDS",
     "DROP_REASONS",
     "KIND_NAMES",
     "MAX_REPORTED_S",
@@ -80,7 +81,8 @@ KIND_NAMES: dict[int, str] = {
     Kind.REQUEST_OUTCOME_KIND_SHED: "shed",
     Kind.REQUEST_OUTCOME_KIND_LATE: "late",
 }
-_ANSWERED = (Kind.REQUEST_OUTCOME_KIND_OK, Kind.REQUEST_OUTCOME_KIND_LATE)
+# Outcomes that carry a latency worth counting (answered, on time or late).
+ANSWERED_KINDS = (Kind.REQUEST_OUTCOME_KIND_OK, Kind.REQUEST_OUTCOME_KIND_LATE)
 # Why an outcome was not counted: a small fixed label domain for the dropped-outcomes metric.
 DROP_REASONS = (
     "missing_model",
@@ -414,7 +416,7 @@ class OutcomeAggregator:
             kind = KIND_NAMES[outcome.kind]
             setattr(target, kind, getattr(target, kind) + 1)
             counted[kind] += 1
-            if outcome.kind in _ANSWERED:
+            if outcome.kind in ANSWERED_KINDS:
                 target.latency.record(latency)
         for i, batch in enumerate(report.batches):
             problem = check_batch(batch)

@@ -1,16 +1,19 @@
-"""The gateway process: the Infer path wired from the four policies, plus its soft state.
+"""The gateway process: configuration, lifecycle, fleet view and the two Infer transports.
 
-What it decides: the order of the four decisions for every request — admission (tenant quota,
-then the adaptive limit with priority shedding), version (sticky hash over the controller's
-weights), batching and routing (one :class:`~gateway.dispatcher.VersionDispatcher` per
-(model, version)) — and how each outcome is charged back: the limiter learns only from
-successes, quota is refunded for shed work, and every request's outcome is reported to the
-controller as canary evidence. The fleet view is soft state pushed by the controller; when the
-controller is away the gateway keeps serving on the last snapshot.
+What it decides: how a gateway starts (host, controller link), takes in the controller's fleet
+snapshots (soft state: when the controller is away the gateway keeps serving on the last one),
+and shuts down — SIGTERM: readiness off, new requests refused with ``UNAVAILABLE /
+SHUTTING_DOWN``, queued and in-flight work finishes within the grace period, and anything still
+queued after it gets a typed answer. No accepted request goes unanswered.
 
-Shutdown (SIGTERM): readiness off, new requests refused with ``UNAVAILABLE / SHUTTING_DOWN``,
-queued and in-flight work finishes within the grace period, and anything still queued after it
-gets a typed answer. No accepted request goes unanswered.
+Where the rest lives (re-exported here, the place existing code imports from):
+
+* :mod:`gateway.infer_path` — the Infer path (``admit``, ``settle`` and what they call): the
+  order of admission, version, batching and routing, and how each outcome is charged back.
+* :mod:`gateway.status_report` — batch outcomes, status and health reports to the controller,
+  and the scrape-time snapshot.
+
+The two transport adapters (:class:`InferServicer`, :class:`RawInferAdapter`) stay here.
 """
 
 from __future__ import annotations
@@ -18,11 +21,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-import math
-import os
-import socket
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -32,157 +31,97 @@ from prometheus_client import Gauge
 from common.auth import AuthPolicy, bearer_metadata
 from common.backoff import controller_channel_options
 from common.clock import Clock, MonotonicClock
-from common.durations import set_duration, to_duration
 from common.errors import (
     Reason,
     RichError,
     abort,
-    not_found_model,
-    permission_denied,
-    quota_exceeded,
-    unauthenticated,
     unavailable,
     undecodable,
 )
 from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, UnaryClientRecorder
 from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.rng import SeededRng
-from common.serving import ServiceHost, ServingOptions, TlsOptions
+from common.serving import ServiceHost
 from common.tracing import client_interceptors, end_rpc_span, spans_recorded, start_server_span
 from gateway.admission import (
     AdmissionController,
-    AdmissionOutcome,
-    AdmissionTicket,
     GradientLimiter,
-    GradientLimiterConfig,
-    Priority,
     PriorityShedder,
-    TenantConfig,
     TenantQuotas,
-    TenantRegistry,
-    request_cost,
 )
-from gateway.admission.quota import QuotaExceeded
-from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
-from gateway.batching import Batch, BatcherConfig, FlushReason, Objective
-from gateway.batching.fixed import BatchingStrategy, make_batcher
-from gateway.controller_link import ControllerLink, GatewayHealth
+from gateway.batching import BatcherConfig
+from gateway.batching.fixed import make_batcher
+from gateway.config import GatewayConfig
+from gateway.controller_link import ControllerLink
 from gateway.dispatcher import (
     EXECUTE_BATCH_METHOD,
-    InferResult,
     PendingRequest,
     VersionDispatcher,
 )
 from gateway.fleet_state import FleetState
+from gateway.infer_path import (
+    _ERROR,
+    _LATE,
+    _OK,
+    _PRIORITY,
+    _QUEUE_SHED_REASONS,
+    _SHED,
+    _SHED_REASONS,
+    ANSWER_GRACE_S,
+    INFER_METHOD,
+    SERVICE_NAME,
+    Admitted,
+    InferPath,
+    _effective_priority,
+    _expire,
+    _outcome_label,
+    _queue_shed_budget,
+    _response,
+    internal_error,
+)
 from gateway.metrics import (
-    NO_TENANT,
-    NO_VERSION,
-    REQUEST_OUTCOMES,
-    SHED_REASONS,
-    UNKNOWN_MODEL,
     GatewayMetrics,
     GatewaySnapshot,
     LoopSnapshot,
-    ReplicaSample,
-    RequestSeries,
-    TenantTotals,
 )
-from gateway.routing import BreakerState, HedgePolicy, PeakEwmaRouter
-from gateway.validation import ValidRequest, validate
-from gateway.versioning import BUCKETS
+from gateway.routing import HedgePolicy, PeakEwmaRouter
+from gateway.status_report import StatusReport
 from gateway.worker_pool import WorkerPool
-from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
+from halcyon.v1 import control_pb2, infer_pb2, infer_pb2_grpc
+
+__all__ = [
+    "ANSWER_GRACE_S",
+    "INFER_METHOD",
+    "MAX_INFER_REQUEST_BYTES",
+    "SERVICE_NAME",
+    "_ERROR",
+    "_LATE",
+    "_OK",
+    "_PRIORITY",
+    "_QUEUE_SHED_REASONS",
+    "_SHED",
+    "_SHED_REASONS",
+    "Admitted",
+    "GatewayApp",
+    "GatewayConfig",
+    "InferPath",
+    "InferServicer",
+    "RawInferAdapter",
+    "StatusReport",
+    "_effective_priority",
+    "_expire",
+    "_outcome_label",
+    "_queue_shed_budget",
+    "_response",
+    "internal_error",
+]
 
 log = logging.getLogger("halcyon.gateway")
 
-SERVICE_NAME = "halcyon.v1.InferService"
-INFER_METHOD = f"/{SERVICE_NAME}/Infer"
-# How long past its deadline the gateway waits for an answer before giving up on it itself.
-# The batcher answers before the deadline; this only bounds a bug or a lost worker reply.
-ANSWER_GRACE_S = 0.25
 # Twice the largest valid InferRequest (64 KiB of input plus small fields): anything bigger is
 # refused unparsed with RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE.
 MAX_INFER_REQUEST_BYTES = 128 * 1024
-
-_PRIORITY: dict[int, Priority] = {
-    infer_pb2.PRIORITY_CRITICAL: Priority.CRITICAL,
-    infer_pb2.PRIORITY_STANDARD: Priority.STANDARD,
-    infer_pb2.PRIORITY_SHEDDABLE: Priority.SHEDDABLE,
-}
-# Rejections that mean no work was done for the request: its quota is refunded.
-# Batcher refusals of admitted work that say the queue ahead was too long (limiter evidence).
-_QUEUE_SHED_REASONS = frozenset(
-    {Reason.DEADLINE_UNREACHABLE, Reason.DEADLINE_MISSED, Reason.QUEUE_FULL}
-)
-
-
-def _queue_shed_budget(err: RichError, budget_s: float) -> float | None:
-    """``budget_s`` if ``err`` blames the queue ahead, None if not (or if the request's own work
-    took half its budget: then the request, not the queue, was too much for its deadline)."""
-    if err.reason not in _QUEUE_SHED_REASONS:
-        return None
-    meta = err.metadata
-    try:
-        own = float(meta.get("own_ms", 0.0)) + float(meta.get("margin_ms", 0.0))
-        deadline = float(meta.get("deadline_ms", "inf"))
-    except ValueError:
-        return None
-    if own >= 0.5 * deadline:
-        return None
-    return budget_s
-
-
-_SHED_REASONS = frozenset(
-    {
-        Reason.DEADLINE_UNREACHABLE,
-        Reason.DEADLINE_MISSED,
-        Reason.QUEUE_FULL,
-        Reason.NO_CAPACITY,
-        Reason.OVERLOADED,
-        Reason.SHUTTING_DOWN,
-    }
-)
-_OK = control_pb2.REQUEST_OUTCOME_KIND_OK
-_ERROR = control_pb2.REQUEST_OUTCOME_KIND_ERROR
-_SHED = control_pb2.REQUEST_OUTCOME_KIND_SHED
-_LATE = control_pb2.REQUEST_OUTCOME_KIND_LATE
-
-
-@dataclass
-class GatewayConfig:
-    """Everything a gateway process is told at start."""
-
-    serving: ServingOptions
-    tenants: TenantRegistry
-    controller: str | None = None
-    fleet_token: str = ""
-    # Known only so that an operator token sent to Infer is refused as WRONG_ROLE.
-    operator_token: str = ""
-    gateway_id: str = field(default_factory=lambda: f"gw-{socket.gethostname()}-{os.getpid()}")
-    default_timeout_s: float = 10.0
-    seed: int = 0
-    objective: Objective = Objective.ON_TIME_REQUESTS
-    report_interval_s: float = 1.0
-    # How long an idle replica may be held back to let a batch grow. Zero: an idle replica
-    # takes work at once (continuous batching) — batches grow by themselves while replicas are
-    # busy, and waiting on an idle one only adds latency at light load.
-    linger_s: float = 0.0
-    # Which batcher serves (``--batching``): Halcyon's, or one of the seed's baselines (fixed
-    # 32 items / 25 ms linger, or one request per batch) for a like-for-like comparison.
-    batching: BatchingStrategy = BatchingStrategy.HALCYON
-    controller_tls: TlsOptions | None = None
-    worker_tls: TlsOptions | None = None
-    # Batching raises latency with concurrency by design (bigger batches), so the limiter
-    # tolerates a doubling before it reads a queue (Gradient2's default) plus 25 ms (on a fast
-    # fleet a doubling is a few milliseconds, no overload next to deadlines in seconds), and
-    # never cuts below what one batch per replica slot needs; the batcher sheds infeasible
-    # work itself.
-    limiter: GradientLimiterConfig = field(
-        default_factory=lambda: GradientLimiterConfig(
-            initial_limit=128.0, min_limit=32.0, tolerance=2.0, queue_slack_s=0.025
-        )
-    )
 
 
 class InferServicer(infer_pb2_grpc.InferServiceServicer):
@@ -287,27 +226,7 @@ def _reject(call: RawCall, span: trace.Span, err: RichError) -> None:
         end_rpc_span(span, err.code, err.message)
 
 
-def internal_error(what: str, exc: BaseException) -> RichError:
-    """A bug, not a verdict: INTERNAL with a reason instead of UNKNOWN."""
-    log.error(what, exc_info=exc)
-    return RichError(
-        grpc.StatusCode.INTERNAL,
-        f"internal error in the gateway ({type(exc).__name__})",
-        reason=Reason.INTERNAL,
-    )
-
-
-@dataclass(slots=True, eq=False)
-class Admitted:
-    """A request past admission and queued in a dispatcher: what settling its answer needs."""
-
-    pending: PendingRequest
-    ticket: AdmissionTicket
-    version: str
-    series: RequestSeries
-
-
-class GatewayApp:
+class GatewayApp(InferPath, StatusReport):
     """One gateway: host, fleet view, dispatchers, admission, controller link."""
 
     def __init__(self, config: GatewayConfig, *, clock: Clock | None = None) -> None:
@@ -509,393 +428,3 @@ class GatewayApp:
         routable = any(not r.draining for r in self.fleet.replicas.values())
         self.host.set_ready(routable and not self._closing)
         self.metrics.fleet_replicas.set(len(self.fleet.replicas))
-
-    # -- the Infer path --------------------------------------------------------------------------
-
-    def _authenticate(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> TenantConfig:
-        key: str | None = None
-        for item in metadata or ():
-            name = item[0]
-            if name == "x-api-key":
-                key = str(item[1])
-                break
-            if name == "authorization":
-                value = str(item[1])
-                if value[:7].lower() == "bearer ":
-                    key = value[7:].strip()
-                    break
-        if not key:
-            raise unauthenticated(
-                "missing API key: send it as 'x-api-key' or 'authorization: Bearer <key>'",
-                Reason.MISSING_CREDENTIALS,
-            )
-        tenant = self.tenants.authenticate(key)
-        if tenant is None:
-            roles = self.auth.roles_of(key)
-            if roles:
-                err = permission_denied(
-                    f"Infer needs a tenant API key; this is the {'/'.join(sorted(roles))} "
-                    "credential",
-                    Reason.WRONG_ROLE,
-                )
-                err.metadata = {"method": INFER_METHOD, "required_role": "tenant"}
-                raise err
-            raise unauthenticated("unknown API key", Reason.INVALID_CREDENTIALS)
-        return tenant
-
-    def admit(
-        self,
-        request: infer_pb2.InferRequest,
-        metadata: Iterable[tuple[str, str | bytes]] | None,
-        time_remaining_s: float | None,
-        span: trace.Span = trace.INVALID_SPAN,
-    ) -> Admitted:
-        """Authenticate, validate, pick the version, admit, and queue the request.
-
-        ``span`` is the call's RPC span (the adapter's to end): batches link to it.
-
-        Raises the typed rejection (already counted) when the request goes no further; else
-        the request is answered by its dispatcher, or by the answer guard if a bug or a lost
-        worker reply leaves it unanswered past its deadline.
-        """
-        metrics = self.metrics
-        tenant_name = NO_TENANT
-        try:
-            if self._closing:
-                raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
-            tenant = self._authenticate(metadata)
-            tenant_name = tenant.name
-            valid = validate(request, time_remaining_s, self.config.default_timeout_s)
-        except RichError as err:
-            model = request.model if request.model in self.fleet.models() else UNKNOWN_MODEL
-            self._count_refused(err, metrics.series(tenant_name, model, NO_VERSION), None)
-            raise
-        now = self.clock.now()
-        request_id = f"{self._id_prefix}-{next(self._ids):x}"
-        split = self.fleet.splits.get(valid.model)
-        if split is None:
-            if self.fleet.generation == 0 or valid.model in self.fleet.models():
-                # No fleet snapshot yet, or the controller has no stable version for the
-                # model: a retry can work once the controller says more.
-                why = (
-                    "the gateway has not received the fleet from the controller yet"
-                    if self.fleet.generation == 0
-                    else f"model {valid.model!r} has no stable version configured"
-                )
-                pending_fleet = unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
-                model = valid.model if self.fleet.generation else UNKNOWN_MODEL
-                series = metrics.series(tenant.name, model, NO_VERSION)
-                self._finish_unadmitted(valid.model, "", pending_fleet, series, tenant, valid)
-                raise pending_fleet
-            missing = not_found_model(valid.model)
-            self._count_refused(missing, metrics.series(tenant.name, UNKNOWN_MODEL, NO_VERSION))
-            raise missing
-        version = split.version_for(valid.session_key or request_id)
-        series = metrics.series(tenant.name, valid.model, version)
-        dispatcher = self.dispatchers.get((valid.model, version))
-        if dispatcher is None or not dispatcher.has_replicas:
-            no_replica = unavailable(
-                Reason.NO_CAPACITY,
-                f"no replica serves {valid.model} {version} right now",
-                self._fleet_retry_hint(),
-            )
-            self._finish_unadmitted(valid.model, version, no_replica, series, tenant, valid)
-            raise no_replica
-        ticket = self.admission.admit(
-            tenant,
-            request_cost(valid.input_tokens, valid.max_output_tokens),
-            now,
-            _PRIORITY.get(valid.priority),
-        )
-        if isinstance(ticket, QuotaExceeded):
-            over_quota = quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
-            self._count_refused(over_quota, series, _effective_priority(tenant, valid))
-            raise over_quota
-        if isinstance(ticket, Overloaded):
-            overloaded = unavailable(
-                Reason.OVERLOADED,
-                f"the gateway is at its adaptive concurrency limit for {ticket.priority} "
-                f"traffic ({ticket.allowed} of {ticket.limit})",
-                ticket.retry_after_s,
-            )
-            # The gateway's own limit, shared by every version: evidence about the gateway, not
-            # about this request's version, so it is not reported as one (as with quota).
-            self._finish_unadmitted(valid.model, "", overloaded, series, tenant, valid)
-            raise overloaded
-
-        span_context: trace.SpanContext | None = None
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "halcyon.tenant": tenant.name,
-                    "halcyon.model": valid.model,
-                    "halcyon.version": version,
-                }
-            )
-            span_context = span.get_span_context()
-        loop = asyncio.get_running_loop()
-        pending = PendingRequest(
-            request_id=request_id,
-            valid=valid,
-            received_at=now,
-            deadline=now + valid.timeout_s,
-            span_context=span_context,
-        )
-        if self._guard is None:
-            self._guard = AnswerGuard(loop, _expire)
-        self._guard.watch(pending, valid.timeout_s + ANSWER_GRACE_S)
-        self._inflight += 1
-        try:
-            dispatcher.submit(pending)
-        except RichError as err:  # refused by the batcher: settled like any other answer
-            pending.reject(err)
-        except Exception as exc:
-            pending.reject(internal_error("Infer failed unexpectedly", exc))
-        return Admitted(pending, ticket, version, series)
-
-    def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
-        """Account for an answered request; its response, or the typed error to send."""
-        pending = admitted.pending
-        self._inflight -= 1
-        valid = pending.valid
-        now = pending.received_at
-        exc = pending.error
-        if exc is not None:
-            err = exc if isinstance(exc, RichError) else internal_error("Infer failed", exc)
-            outcome = (
-                AdmissionOutcome.SHED if err.reason in _SHED_REASONS else AdmissionOutcome.FAILED
-            )
-            done = self.clock.now()
-            self.admission.finish(
-                admitted.ticket,
-                outcome,
-                None,
-                done,
-                queue_shed_budget_s=_queue_shed_budget(err, pending.deadline - now),
-            )
-            kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
-            self._report(valid.model, admitted.version, "", kind, done - now)
-            self._count_refused(err, admitted.series, admitted.ticket.priority)
-            return err
-        result = pending.result
-        assert result is not None  # answered without an error
-        done = self.clock.now()
-        total = done - now
-        self.admission.finish(admitted.ticket, AdmissionOutcome.SUCCESS, total, done)
-        late = done > pending.deadline
-        self._report(
-            valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
-        )
-        admitted.series.answered(total, not late)
-        return _response(pending, admitted.version, result, total)
-
-    def settle_cancelled(self, admitted: Admitted) -> None:
-        """The client went away (or its gRPC deadline passed): free everything, no sample."""
-        self._inflight -= 1
-        self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
-        admitted.series.outcomes["cancelled"].inc()
-
-    def _fleet_retry_hint(self) -> float | None:
-        """When the fleet view can next change: None without a controller (it never will)."""
-        return None if self.link is None else self.link.retry_hint()
-
-    def _finish_unadmitted(
-        self,
-        model: str,
-        version: str,
-        err: RichError,
-        series: RequestSeries,
-        tenant: TenantConfig,
-        valid: ValidRequest,
-    ) -> None:
-        self._count_refused(err, series, _effective_priority(tenant, valid))
-        self._report(model, version, "", _SHED, 0.0)
-
-    def _count_refused(
-        self, err: RichError, series: RequestSeries, priority: Priority | None = None
-    ) -> None:
-        """Count a request that ended with ``err``; a shed also by reason and priority."""
-        label = _outcome_label(err)
-        series.outcomes[label].inc()
-        if priority is not None and label in SHED_REASONS:
-            self.metrics.count_shed(label, priority.value)
-
-    def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
-        if self.link is not None:
-            self.link.record_request(model, version, replica, kind, latency)
-
-    # -- callbacks from dispatchers ---------------------------------------------------------------
-
-    def _on_batch(
-        self,
-        model: str,
-        version: str,
-        batch: Batch[PendingRequest],
-        replica_id: str,
-        latency: float,
-        ok: bool,
-    ) -> None:
-        self.metrics.batch_size.observe(len(batch.items))
-        if not ok:
-            self.metrics.batch_failures.inc()
-        if self.link is not None:
-            self.link.record_batch(
-                control_pb2.BatchOutcome(
-                    model=model,
-                    version=version,
-                    replica_id=replica_id,
-                    size=len(batch.items),
-                    tokens=batch.tokens,
-                    device_time=to_duration(latency if ok else 0.0),
-                    ok=ok,
-                )
-            )
-
-    def _on_flush(self, reason: FlushReason) -> None:
-        self.metrics.flushes[reason.value].inc()
-
-    def _on_hedge(self, result: str) -> None:
-        self.metrics.hedges[result].inc()
-
-    # -- status -------------------------------------------------------------------------------
-
-    def _report_status(self) -> tuple[int, int, list[fleet_pb2.CostModel]]:
-        limiter = self.admission.limiter
-        self.metrics.concurrency_limit.set(limiter.limit)
-        if limiter.short_latency_s is not None and limiter.long_latency_s is not None:
-            self.metrics.limiter_short.set(limiter.short_latency_s)
-            self.metrics.limiter_long.set(limiter.long_latency_s)
-        self.metrics.inflight.set(self._inflight)
-        self.metrics.queued.set(sum(d.batcher.depth for d in self.dispatchers.values()))
-        if self.link is not None:
-            self.metrics.controller_connected.set(1 if self.link.connected else 0)
-        models = []
-        for d in self.dispatchers.values():
-            for rid in d.replicas:
-                cost = d.cost_model(rid)
-                if cost is None:
-                    continue
-                models.append(
-                    fleet_pb2.CostModel(
-                        replica_id=rid,
-                        intercept=to_duration(cost.intercept),
-                        per_token=to_duration(cost.slope),
-                        samples=cost.observations,
-                        per_step=to_duration(cost.step),
-                    )
-                )
-        return limiter.limit, self._inflight, models
-
-    def _report_health(self) -> GatewayHealth:
-        """Breakers, sheds and tenants for the controller link's report (once per report)."""
-        now = self.clock.now()
-        breakers = [
-            (view.replica_id, view.breaker)
-            for d in self.dispatchers.values()
-            for view in d.router.views(now)
-        ]
-        totals = self.metrics.tenant_totals()
-        tenants = {t.name: totals.get(t.name, TenantTotals()) for t in self.tenants}
-        return GatewayHealth(breakers, self.metrics.shed_totals(), tenants)
-
-    def _take_snapshot(self) -> GatewaySnapshot:
-        """What the gateway exports at scrape time; runs on the loop (``LoopSnapshot``)."""
-        now = self.clock.now()
-        self._report_status()  # keeps the scalar gauges fresh at scrape time too
-        snap = GatewaySnapshot()
-        for (model, version), d in self.dispatchers.items():
-            views = {v.replica_id: v for v in d.router.views(now)}
-            routable = 0
-            for rid in d.replicas:
-                view = views.get(rid)
-                cost = d.cost_model(rid)
-                breaker = view.breaker if view else BreakerState.CLOSED
-                if view is not None and not view.draining and breaker is not BreakerState.OPEN:
-                    routable += 1
-                snap.replicas.append(
-                    ReplicaSample(
-                        replica_id=rid,
-                        version=version,
-                        inflight=view.inflight if view else 0,
-                        latency_estimate_s=view.latency_estimate_s if view else 0.0,
-                        cost_intercept_s=cost.intercept if cost else math.nan,
-                        cost_per_token_s=cost.slope if cost else math.nan,
-                        breaker=breaker.value,
-                        cost_per_step_s=cost.step if cost else math.nan,
-                    )
-                )
-            snap.routable[(model, version)] = routable
-        for model, split in self.fleet.splits.items():
-            canary = split.canary_weight_bp / BUCKETS if split.canary_version else 0.0
-            snap.weights[(model, split.stable_version)] = 1.0 - canary
-            snap.routable.setdefault((model, split.stable_version), 0)
-            if split.canary_version:
-                snap.weights[(model, split.canary_version)] = canary
-                snap.routable.setdefault((model, split.canary_version), 0)
-        quotas = self.admission.quotas
-        for tenant in self.tenants:
-            snap.quota_tokens[tenant.name] = quotas.available(tenant, now)
-        return snap
-
-
-def _expire(pending: PendingRequest) -> None:
-    pending.reject(
-        RichError(
-            grpc.StatusCode.DEADLINE_EXCEEDED,
-            "no answer before the deadline",
-            reason=Reason.DEADLINE_MISSED,
-        )
-    )
-
-
-def _effective_priority(tenant: TenantConfig, valid: ValidRequest) -> Priority:
-    """The priority admission applies: the request's, capped at its tenant's."""
-    requested = _PRIORITY.get(valid.priority)
-    return tenant.priority if requested is None else requested.capped_by(tenant.priority)
-
-
-def _outcome_label(err: RichError) -> str:
-    if err.reason == "OVERLOADED" and err.metadata.get("shed") == "goodput":
-        return "shed_for_goodput"
-    if err.reason:
-        label = str(err.reason).lower()
-        if label in REQUEST_OUTCOMES:
-            return label
-        if label in ("missing_credentials", "invalid_credentials", "wrong_role"):
-            return "unauthenticated"
-        if label == "invalid_field":
-            return "invalid_argument"
-    if err.code == grpc.StatusCode.INVALID_ARGUMENT:
-        return "invalid_argument"
-    if err.code == grpc.StatusCode.UNAUTHENTICATED:
-        return "unauthenticated"
-    return "upstream_failure"
-
-
-def _response(
-    pending: PendingRequest, version: str, result: InferResult, total: float
-) -> infer_pb2.InferResponse:
-    v = pending.valid
-    response = infer_pb2.InferResponse(
-        output=result.output,
-        model=v.model,
-        version=version,
-        replica_id=result.replica_id,
-        hedged=result.hedged,
-        request_id=pending.request_id,
-    )
-    # Sub-messages filled in place: about a third of the cost of building them and copying
-    # them in (this runs once per request).
-    timings = response.timings
-    set_duration(timings.queued, result.dispatched_at - pending.received_at)
-    set_duration(timings.execution, result.execution_s)
-    set_duration(timings.total, total)
-    batch = response.batch
-    batch.size = result.batch_size
-    batch.flush_reason = result.flush_reason  # type: ignore[assignment]
-    batch.tokens = result.batch_tokens
-    usage = response.usage
-    usage.input_tokens = v.input_tokens
-    usage.output_tokens = result.output_tokens
-    usage.total_tokens = v.input_tokens + result.output_tokens
-    return response

@@ -41,7 +41,7 @@ from typing import Any
 from common.clock import Clock
 from common.histogram import LatencyHistogram
 from controller.console.counters import CumulativeDeltas
-from halcyon.v1 import control_pb2
+from controller.outcomes import ANSWERED_KINDS, KIND_NAMES
 
 __all__ = [
     "KINDS",
@@ -53,15 +53,8 @@ __all__ = [
     "TrafficHistory",
 ]
 
-_Kind = control_pb2.RequestOutcomeKind
-# Outcome kind -> the name charts and JSON use (the proto enum minus its prefix).
-KINDS: dict[int, str] = {
-    _Kind.REQUEST_OUTCOME_KIND_OK: "ok",
-    _Kind.REQUEST_OUTCOME_KIND_ERROR: "error",
-    _Kind.REQUEST_OUTCOME_KIND_SHED: "shed",
-    _Kind.REQUEST_OUTCOME_KIND_LATE: "late",
-}
-_ANSWERED = (_Kind.REQUEST_OUTCOME_KIND_OK, _Kind.REQUEST_OUTCOME_KIND_LATE)
+# Outcome kind -> the name charts and JSON use: the controller's own label domain.
+KINDS = KIND_NAMES
 _QUANTILES = (("p50_ms", 0.50), ("p95_ms", 0.95), ("p99_ms", 0.99))
 # A tenant's counters, as TenantTraffic names them.
 TENANT_FIELDS = ("requests", "admitted", "quota_refused", "shed", "ok", "errors")
@@ -210,7 +203,7 @@ class TrafficHistory:
         slot.models.setdefault(model, _Counts()).add(name)
         if self._bounded(slot.versions, (model, version)):
             slot.versions.setdefault((model, version), _Counts()).add(name)
-        if kind in _ANSWERED and slot.sketches is not None and math.isfinite(latency_s):
+        if kind in ANSWERED_KINDS and slot.sketches is not None and math.isfinite(latency_s):
             slot.sketches.setdefault(model, _sketch()).record(max(latency_s, 0.0))
 
     def record_batch(self, model: str, version: str, size: int, ok: bool) -> None:
