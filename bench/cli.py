@@ -3,10 +3,11 @@
 What it decides: which scenario runs and how its results are shown. ``--scenario batching``
 (the default) runs every batching strategy on the same traces and prints one table (or JSON
 lines, or a plot); ``fleet`` and ``herd`` hand over to the routing benchmarks in
-``bench.fleet``; ``rollout`` replays seeded canary rollouts through the real judge and two
-rivals (``bench.rollout_sim``). Every workload parameter of the batching benchmark is a flag,
-so the claim "Halcyon beats the alternatives" can be tested on anyone's own traffic shape, or
-on a recorded trace (``--trace``).
+``bench.fleet``; ``rollout`` replays seeded canary rollouts through the real judge and its
+rivals, each swept over its knobs, and reports blast radius against A/A false-rollback rate
+(``bench.rollout_curves``, ``bench.rollout_report``). Every workload parameter of the batching
+benchmark is a flag, so the claim "Halcyon beats the alternatives" can be tested on anyone's
+own traffic shape, or on a recorded trace (``--trace``).
 
 Output on stdout is deterministic (same flags, same bytes); timing and progress go to stderr.
 """
@@ -88,6 +89,20 @@ def _error_points(text: str) -> tuple[float, ...]:
     return points
 
 
+def _names(text: str) -> tuple[str, ...]:
+    names = tuple(part.strip() for part in text.split(",") if part.strip())
+    if not names:
+        raise argparse.ArgumentTypeError(f"must be a comma-separated list of names, got {text!r}")
+    return names
+
+
+def _success_rate(text: str) -> float:
+    value = _positive_float(text)
+    if not value < 100.0:
+        raise argparse.ArgumentTypeError(f"must be a percentage below 100, got {text!r}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the benchmark's flags to ``parser`` (``halcyon bench`` and ``python -m bench``)."""
     parser.add_argument(
@@ -95,7 +110,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         choices=("batching", "fleet", "herd", "rollout"),
         default="batching",
         help="batching strategies on one device, routing across a fleet, a herd of gateways, "
-        "or canary rollouts judged three ways (default %(default)s)",
+        "or canary rollouts judged by Halcyon and its rivals (default %(default)s)",
     )
     wl = parser.add_argument_group("workload (batching)")
     wl.add_argument(
@@ -171,7 +186,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--seeds",
         type=_positive_int,
         default=200,
-        help="rollouts per (judge, case), seeds --seed, --seed+1, ... (default 200)",
+        help="rollouts per (evidence model, judge setting, bad case), seeds --seed, "
+        "--seed+1, ... (default 200)",
+    )
+    ro.add_argument(
+        "--aa-seeds",
+        type=_positive_int,
+        default=1000,
+        help="A/A rollouts per evidence model for Halcyon's default policy (default 1000)",
+    )
+    ro.add_argument(
+        "--rival-aa-seeds",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="A/A rollouts per (evidence model, setting) for every other setting "
+        "(default: --seeds)",
+    )
+    ro.add_argument(
+        "--evidence",
+        type=_names,
+        default=None,
+        metavar="MODELS",
+        help="evidence models to run, comma-separated (default: all of them)",
+    )
+    ro.add_argument(
+        "--jobs",
+        type=_positive_int,
+        default=None,
+        help="processes to run seeds in (default: the CPU count); output does not depend on it",
+    )
+    ro.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: 3 seeds, 6 A/A seeds, two settings per rival, Halcyon at its "
+        "default only (explicit --seeds / --aa-seeds still win)",
     )
     ro.add_argument(
         "--rollout-rate",
@@ -179,6 +228,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=200.0,
         metavar="REQ_PER_S",
         help="requests per second across both arms (default 200)",
+    )
+    ro.add_argument(
+        "--rival-p99-ms",
+        type=_positive_float,
+        default=500.0,
+        metavar="MS",
+        help="Flagger's and Argo's absolute p99 threshold (default 500, their docs' example)",
+    )
+    ro.add_argument(
+        "--rival-success-rate",
+        type=_success_rate,
+        default=99.0,
+        metavar="PERCENT",
+        help="Flagger's and Argo's minimum success rate (default 99)",
     )
     ro.add_argument(
         "--extra-error-points",
@@ -224,7 +287,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--plot",
         metavar="FILE.png",
         default=None,
-        help="also draw goodput and p99 against load into this file (default: no plot)",
+        help="also draw a picture into this file: goodput and p99 against load (batching), or "
+        "blast radius against A/A false-rollback rate per judge (rollout) (default: no plot)",
     )
     out.add_argument(
         "--progress", action="store_true", help="progress on stderr even when not a terminal"
@@ -257,19 +321,52 @@ def run(args: argparse.Namespace) -> int:
 
 
 def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """The rollout simulation with this command's seeds, traffic rate and output flags."""
+    """The rollout sweep with this command's seeds, traffic, rivals and output flags."""
+    import os
     from dataclasses import replace
 
-    from bench.rollout_sim import SimConfig, rollout_main
+    from bench.rollout_curves import SweepConfig, sweep_settings
+    from bench.rollout_report import curves_main
+    from bench.rollout_sim import SimConfig, evidence_models
     from bench.rollout_traffic import CASES, error_case
 
-    config = SimConfig(seeds=args.seeds, first_seed=args.seed)
-    config = replace(
-        config,
-        traffic=replace(config.traffic, rate=args.rollout_rate),
+    known = evidence_models()
+    evidence = args.evidence if args.evidence is not None else known
+    unknown = [name for name in evidence if name not in known]
+    if unknown:
+        err.write(
+            f"halcyon bench: unknown evidence model {unknown[0]!r}: choose from "
+            f"{', '.join(known)}\n"
+        )
+        return 2
+    seeds = args.seeds if args.seeds != 200 or not args.quick else 3
+    aa_seeds = args.aa_seeds if args.aa_seeds != 1000 or not args.quick else 6
+    sim = SimConfig(seeds=seeds, first_seed=args.seed, evidence=tuple(evidence))
+    sim = replace(
+        sim,
+        traffic=replace(sim.traffic, rate=args.rollout_rate),
         cases=CASES + tuple(error_case(points) for points in args.extra_error_points),
     )
-    return rollout_main(config, args.json, out, err, progress=args.progress or err.isatty())
+    thresholds: list[tuple[str, float]] = []
+    if args.rival_p99_ms != 500.0:
+        thresholds.append(("max_p99_s", args.rival_p99_ms / 1000.0))
+    if args.rival_success_rate != 99.0:
+        thresholds.append(("min_success_rate", args.rival_success_rate / 100.0))
+    config = SweepConfig(
+        sim=sim,
+        settings=sweep_settings(quick=args.quick, rival_thresholds=tuple(thresholds)),
+        aa_seeds=aa_seeds,
+        rival_aa_seeds=args.rival_aa_seeds or 0,
+        jobs=args.jobs or os.cpu_count() or 1,
+    )
+    return curves_main(
+        config,
+        args.json,
+        out,
+        err,
+        progress=args.progress or err.isatty(),
+        plot=args.plot,
+    )
 
 
 def _strategies(objective: str) -> list[Strategy]:

@@ -1,31 +1,36 @@
-"""The judges the rollout simulation compares: Halcyon's and two rebuilt rivals.
+"""The judges the rollout simulation compares: Halcyon's, and its rivals built as they work.
 
 What it decides: nothing in production. Every judge has the :class:`Judge` shape of
 :class:`controller.canary.RolloutRun` — ``observe`` per-arm deltas, ``tick`` once a second,
-read ``canary_percent`` — so the simulation drives them all the same way. All three judge with
-the *same* guards (``JudgePolicy``: the error tolerance, the p95 ratio, the steps); they differ
-only in how they collect and weigh the evidence.
+read ``canary_percent`` — so the simulation drives them all the same way. A judge is named by a
+:class:`JudgeSetting` (the judge and its knobs), so one judge can be swept over its settings.
 
-* ``halcyon`` — :class:`controller.canary.RolloutRun` itself, unchanged (ADR 0008).
+* ``halcyon`` — :class:`controller.canary.RolloutRun` itself, unchanged (ADR 0008); its knob
+  is ``false_alarm_rate``.
 * ``original`` — the canary controller of the system Halcyon replaces, rebuilt from its
-  description: fixed windows of ``window_s`` seconds judged one by one (a sparse window is
-  thrown away, not extended), a minimum request count per arm, the error and p95 thresholds,
-  and streaks (``healthy_windows_to_advance`` healthy windows in a row advance a step,
-  ``unhealthy_windows_to_rollback`` unhealthy ones roll back; a sparse window touches neither).
-  No rank test and no sequential test. The description gives no minimum request count; 20 is
-  used (its own example: "at 1 % traffic a window may hold eight requests"), because with
-  Halcyon's 50 it could never judge the 1 % step at this traffic and would time out every time.
-* ``fixed-interval`` — the Flagger / Argo Rollouts style: one check per ``interval_s``
-  (Flagger's default, 60 s) over that interval's metrics; a passed check advances one step (or
-  promotes after the last), a failed one holds; ``threshold`` failed checks in all (Flagger's
-  documented example, 5) roll back. No minimum request count: an empty interval fails its
-  check, as a query that returns no data does in Flagger.
+  description (``/work/shared/reference/seed-description.txt``, "SLO-gated progressive
+  rollout"): fixed windows judged one by one (a sparse window is thrown away, not extended), a
+  minimum request count per arm, relative and absolute error tolerance, a p95 tolerance, and
+  streaks in both directions (a sparse window touches neither). No rank test, no sequential
+  test. The description names the guards but gives no numbers: the window (10 s), the streaks
+  (2 / 2), the tolerances and the steps are the ``JudgePolicy`` defaults, which DESIGN.md
+  describes as the original's guards. For the minimum request count 20 is used (its own
+  example: "at 1 % traffic a window may hold eight requests"), because with Halcyon's 50 it
+  could never judge the 1 % step at this traffic and would time out every time. Its knobs are
+  ``window_s`` and ``unhealthy`` (windows in a row to roll back).
+* ``fixed-interval`` — today's fixed-interval judge, kept under its name: Halcyon's steps, one
+  check per ``interval_s`` (60 s) of the canary *relative to the baseline* (the error tolerance
+  and the p95 ratio of ``JudgePolicy``); a passed check advances one step (or promotes after
+  the last), a failed one holds; ``threshold`` (5) failed checks in all roll back. An empty
+  interval fails its check. It is *not* Flagger: Flagger, with its own steps and absolute
+  thresholds, is in :mod:`bench.rollout_rivals`.
+* ``flagger`` and ``argo`` — :mod:`bench.rollout_rivals`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -44,7 +49,17 @@ from controller.canary import (
 from controller.canary.progress import StepProgress
 from controller.canary.stats import sorted_quantile
 
-__all__ = ["JUDGES", "FixedIntervalJudge", "Judge", "OriginalJudge", "make_judge"]
+__all__ = [
+    "JUDGES",
+    "FixedIntervalJudge",
+    "Judge",
+    "JudgeSetting",
+    "OriginalJudge",
+    "Span",
+    "StepRival",
+    "build_judge",
+    "make_judge",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -66,7 +81,7 @@ class Judge(Protocol):
     def tick(self, now: float) -> Decision | None: ...
 
 
-class _Span:
+class Span:
     """One arm's evidence over a window or an interval (exact, for the rivals)."""
 
     def __init__(self) -> None:
@@ -82,8 +97,9 @@ class _Span:
         self.errors += evidence.errors
         self.shed += evidence.shed
         self.failures += evidence.errors + evidence.shed
-        self._latencies.append(np.asarray(evidence.latencies_s, dtype=np.float64))
-        self._ordered = None
+        if len(evidence.latencies_s):
+            self._latencies.append(np.asarray(evidence.latencies_s, dtype=np.float64))
+            self._ordered = None
 
     @property
     def error_rate(self) -> float:
@@ -96,8 +112,12 @@ class _Span:
             self._ordered = values
         return self._ordered
 
+    def quantile(self, q: float) -> float:
+        """The ``q`` quantile of the answered requests' latencies (NaN when none)."""
+        return sorted_quantile(self._sorted(), q)
+
     def p95(self) -> float:
-        return sorted_quantile(self._sorted(), 0.95)
+        return self.quantile(0.95)
 
     def summary(self) -> ArmSummary:
         values = self._sorted()
@@ -111,8 +131,8 @@ class _Span:
         )
 
 
-def _breach(baseline: _Span, canary: _Span, policy: JudgePolicy) -> str | None:
-    """The guard the canary breaks over a span (error rate, then p95), or None."""
+def _breach(baseline: Span, canary: Span, policy: JudgePolicy) -> str | None:
+    """The relative guard the canary breaks over a span (error rate, then p95), or None."""
     if canary.error_rate > error_limit(baseline.error_rate, policy):
         return "error_rate"
     b95, c95 = baseline.p95(), canary.p95()
@@ -121,22 +141,23 @@ def _breach(baseline: _Span, canary: _Span, policy: JudgePolicy) -> str | None:
     return None
 
 
-class _StepRival(StepProgress):
+class StepRival(StepProgress):
     """Shared bookkeeping of the rivals: the span being collected, decisions, the timeout."""
 
     def __init__(self, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> None:
         super().__init__(steps)
         self.policy = policy
         self.started_at = started_at
-        self._baseline = _Span()
-        self._canary = _Span()
+        self._baseline = Span()
+        self._canary = Span()
 
     def observe(self, baseline: ArmEvidence, canary: ArmEvidence, now: float) -> None:
         if not self.done:
             self._baseline.add(baseline)
             self._canary.add(canary)
 
-    def _decide(self, action: RolloutAction, reason: str) -> Decision:
+    def _decide(self, action: RolloutAction, reason: str, *, reset: bool = True) -> Decision:
+        """Apply ``action``; a new span begins unless ``reset`` is False."""
         from_percent, to_percent = self._move(action)
         decision = Decision(
             action=action,
@@ -148,7 +169,8 @@ class _StepRival(StepProgress):
             canary=self._canary.summary(),
             statistics={},
         )
-        self._baseline, self._canary = _Span(), _Span()
+        if reset:
+            self._baseline, self._canary = Span(), Span()
         return decision
 
     def _timed_out(self, now: float) -> Decision | None:
@@ -161,7 +183,7 @@ class _StepRival(StepProgress):
         return self._decide(action, "healthy")
 
 
-class OriginalJudge(_StepRival):
+class OriginalJudge(StepRival):
     """Fixed windows, min requests, thresholds, streaks (see the module docstring)."""
 
     MIN_REQUESTS = 20
@@ -194,15 +216,29 @@ class OriginalJudge(_StepRival):
         return self._decide(RolloutAction.HOLD, breach)
 
 
-class FixedIntervalJudge(_StepRival):
+class FixedIntervalJudge(StepRival):
     """One check per interval; a pass advances, ``threshold`` failures roll back."""
 
     INTERVAL_S = 60.0
     THRESHOLD = 5
 
-    def __init__(self, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> None:
+    def __init__(
+        self,
+        steps: Sequence[float],
+        policy: JudgePolicy,
+        started_at: float,
+        *,
+        interval_s: float = INTERVAL_S,
+        threshold: int = THRESHOLD,
+    ) -> None:
         super().__init__(steps, policy, started_at)
-        self._check_at = started_at + self.INTERVAL_S
+        if not interval_s > 0 or threshold < 1:
+            raise ValueError(
+                f"interval_s must be > 0 and threshold >= 1: {interval_s}, {threshold}"
+            )
+        self.interval_s = interval_s
+        self.threshold = threshold
+        self._check_at = started_at + interval_s
         self._failed = 0
 
     def tick(self, now: float) -> Decision | None:
@@ -211,7 +247,7 @@ class FixedIntervalJudge(_StepRival):
         timed_out = self._timed_out(now)
         if timed_out is not None or now < self._check_at:
             return timed_out
-        self._check_at += self.INTERVAL_S
+        self._check_at += self.interval_s
         if self._canary.requests == 0 or self._baseline.requests == 0:
             breach: str | None = "no_data"
         else:
@@ -219,30 +255,112 @@ class FixedIntervalJudge(_StepRival):
         if breach is None:
             return self._pass()
         self._failed += 1
-        if self._failed >= self.THRESHOLD:
+        if self._failed >= self.threshold:
             return self._decide(RolloutAction.ROLLBACK, breach)
         return self._decide(RolloutAction.HOLD, breach)
+
+
+Params = tuple[tuple[str, float], ...]
+
+
+@dataclass(frozen=True)
+class JudgeSetting:
+    """A judge and the knobs it is run at (empty ``params``: its defaults).
+
+    ``params`` are (name, value) pairs, e.g. ``(("interval_s", 30.0), ("threshold", 2.0))``;
+    hashable and picklable, so a setting can name a row and cross a process boundary.
+    """
+
+    judge: str
+    params: Params = ()
+
+    @property
+    def label(self) -> str:
+        """``interval_s=30 threshold=2`` — or ``default``."""
+        return " ".join(f"{k}={v:g}" for k, v in self.params) or "default"
+
+    def get(self, name: str, default: float) -> float:
+        return dict(self.params).get(name, default)
+
+
+Builder = Callable[[JudgeSetting, Sequence[float], JudgePolicy, float], Judge]
+
+
+def _halcyon(
+    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
+) -> Judge:
+    policy = replace(
+        policy,
+        false_alarm_rate=setting.get("false_alarm_rate", policy.false_alarm_rate),
+        window_s=setting.get("window_s", policy.window_s),
+    )
+    return RolloutRun(steps=steps, policy=policy, started_at=t0)
+
+
+def _original(
+    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
+) -> Judge:
+    policy = replace(
+        policy,
+        window_s=setting.get("window_s", policy.window_s),
+        unhealthy_windows_to_rollback=int(
+            setting.get("unhealthy", policy.unhealthy_windows_to_rollback)
+        ),
+    )
+    return OriginalJudge(steps, policy, t0)
+
+
+def _fixed(setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float) -> Judge:
+    return FixedIntervalJudge(
+        steps,
+        policy,
+        t0,
+        interval_s=setting.get("interval_s", FixedIntervalJudge.INTERVAL_S),
+        threshold=int(setting.get("threshold", FixedIntervalJudge.THRESHOLD)),
+    )
+
+
+def _flagger(
+    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
+) -> Judge:
+    from bench.rollout_rivals import FlaggerJudge, flagger_settings
+
+    return FlaggerJudge(flagger_settings(setting), policy, t0)
+
+
+def _argo(setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float) -> Judge:
+    from bench.rollout_rivals import ArgoJudge, argo_settings
+
+    return ArgoJudge(argo_settings(setting), policy, t0)
 
 
 @dataclass(frozen=True)
 class JudgeFactory:
     name: str
-    build: Callable[[Sequence[float], JudgePolicy, float], Judge]
-
-
-def _halcyon(steps: Sequence[float], policy: JudgePolicy, started_at: float) -> Judge:
-    return RolloutRun(steps=steps, policy=policy, started_at=started_at)
+    build: Builder
 
 
 JUDGES: tuple[JudgeFactory, ...] = (
     JudgeFactory("halcyon", _halcyon),
-    JudgeFactory("original", OriginalJudge),
-    JudgeFactory("fixed-interval", FixedIntervalJudge),
+    JudgeFactory("original", _original),
+    JudgeFactory("fixed-interval", _fixed),
+    JudgeFactory("flagger", _flagger),
+    JudgeFactory("argo", _argo),
 )
 
 
-def make_judge(name: str, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> Judge:
+def build_judge(
+    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, started_at: float
+) -> Judge:
+    """The judge ``setting`` names, on Halcyon's ``steps`` (Flagger and Argo use their own)."""
     for factory in JUDGES:
-        if factory.name == name:
-            return factory.build(steps, policy, started_at)
-    raise ValueError(f"unknown judge {name!r}: choose from {', '.join(j.name for j in JUDGES)}")
+        if factory.name == setting.judge:
+            return factory.build(setting, steps, policy, started_at)
+    raise ValueError(
+        f"unknown judge {setting.judge!r}: choose from {', '.join(j.name for j in JUDGES)}"
+    )
+
+
+def make_judge(name: str, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> Judge:
+    """The judge ``name`` at its default settings."""
+    return build_judge(JudgeSetting(name), steps, policy, started_at)

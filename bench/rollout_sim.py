@@ -1,46 +1,55 @@
-"""The rollout simulation behind ``halcyon bench --scenario rollout``.
+"""The rollout simulation behind ``halcyon bench --scenario rollout``: one seeded rollout.
 
-What it decides: nothing in production. It replays seeded rollouts through the real judge
-(:class:`controller.canary.RolloutRun`) and two rivals (:mod:`bench.rollout_judges`) on the
-same traffic (:mod:`bench.rollout_traffic`), one simulated second per tick — the controller's
-cadence — and reports per (judge, case) over many seeds:
+What it decides: nothing in production. It replays a seeded rollout through a judge — the real
+one (:class:`controller.canary.RolloutRun`) or a rival (:mod:`bench.rollout_judges`) at one of
+its settings — on evidence from a seeded source (:func:`make_source`: one of the evidence
+models, ``independent`` being today's :class:`bench.rollout_traffic.Traffic`), one simulated
+second per tick — the controller's cadence — to its final decision:
 
-* ``promoted`` / ``rolled_back``: shares of seeds (a rollout that reaches the horizon,
-  ``max_duration_s``, is rolled back with reason ``max_duration``, for every judge);
-* ``decision_s_p50`` / ``decision_s_p95``: seconds from the start to the final decision;
-* ``blast_radius_p50`` / ``blast_radius_p95``: requests the canary served up to its final
-  decision. For a bad canary rolled back, that is the harm done before the rollback; for one
-  promoted, it is what it served before taking all traffic (which is worse, and shows in
-  ``promoted``).
+* a rollout that reaches the horizon (``max_duration_s``) is rolled back with reason
+  ``max_duration``, for every judge;
+* ``canary_requests``: requests the canary served up to its final decision;
+* ``blast_radius``: what a *bad* canary cost — ``canary_requests`` if it was rolled back; if it
+  was promoted, that plus all traffic for the rest of the horizon (it now serves 100 %; the
+  traffic's mean rate × the seconds left).
 
 Seeds are independent traffic draws; seed ``k`` is the same traffic for every judge and case.
+The sweep over settings and seeds, and the report, are :mod:`bench.rollout_curves`;
+:func:`run_rollouts` and :func:`format_table` here give the plain one-row-per-(judge, case)
+view at every judge's defaults.
 """
 
 from __future__ import annotations
 
-import json
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, TextIO
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from bench.markdown import markdown_table
-from bench.rollout_judges import JUDGES, make_judge
-from bench.rollout_traffic import CASES, Case, Traffic, TrafficModel
+from bench.rollout_judges import JUDGES, JudgeSetting, build_judge
+from bench.rollout_models import EVIDENCE_MODELS, EvidenceSource, make_source
+from bench.rollout_traffic import CASES, Case, TrafficModel
 from controller.canary import DEFAULT_STEPS, JudgePolicy, RolloutPhase
 
 __all__ = [
+    "EvidenceSource",
     "RolloutRecord",
     "RunResult",
     "SimConfig",
+    "evidence_models",
     "format_table",
-    "rollout_main",
+    "make_source",
     "run_rollouts",
     "simulate",
 ]
+
+
+def evidence_models() -> tuple[str, ...]:
+    """The names of the evidence models :func:`make_source` knows, in report order."""
+    return tuple(EVIDENCE_MODELS)
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,11 @@ class SimConfig:
     seeds: int = 200
     first_seed: int = 1
     cases: tuple[Case, ...] = CASES
+    evidence: tuple[str, ...] = field(default_factory=evidence_models)
+
+    @property
+    def horizon_s(self) -> int:
+        return int(np.ceil(self.policy.max_duration_s))
 
 
 @dataclass(frozen=True)
@@ -64,24 +78,33 @@ class RunResult:
     decision_s: float
     canary_requests: int
     final_percent: float
+    blast_radius: int  # canary_requests, plus the rest of the horizon if a bad one was promoted
 
 
-def simulate(judge_name: str, case: Case, traffic: Traffic, config: SimConfig) -> RunResult:
-    """One rollout of ``case`` judged by ``judge_name`` on ``traffic``, to its final decision."""
-    judge = make_judge(judge_name, config.steps, config.policy, 0.0)
+def simulate(
+    judge: JudgeSetting | str, case: Case, source: EvidenceSource, config: SimConfig
+) -> RunResult:
+    """One rollout of ``case`` judged by ``judge`` on ``source``, to its final decision."""
+    setting = JudgeSetting(judge) if isinstance(judge, str) else judge
+    run = build_judge(setting, config.steps, config.policy, 0.0)
     served = 0
-    horizon = int(np.ceil(config.policy.max_duration_s))
+    horizon = config.horizon_s
     for second in range(horizon + 1):
-        percent = judge.canary_percent
-        baseline, canary = traffic.evidence(case, second, percent / 100.0)
+        percent = run.canary_percent
+        baseline, canary = source.evidence(case, second, percent / 100.0)
         served += canary.requests
         now = float(second + 1)
-        judge.observe(baseline, canary, now)
-        decision = judge.tick(now)
-        if judge.done:
+        run.observe(baseline, canary, now)
+        decision = run.tick(now)
+        if run.done:
             assert decision is not None
-            return RunResult(judge.phase, decision.reason, now, served, percent)
-    raise AssertionError(f"{judge_name} did not end by its maximum duration")
+            blast = served
+            if case.bad and run.phase is RolloutPhase.PROMOTED:
+                # It now serves everyone: the traffic of the rest of the horizon (its mean, so
+                # no evidence is drawn that no judge will see).
+                blast += round(config.traffic.rate * max(0, horizon - (second + 1)))
+            return RunResult(run.phase, decision.reason, now, served, percent, blast)
+    raise AssertionError(f"{setting.judge} did not end by its maximum duration")
 
 
 @dataclass(frozen=True)
@@ -121,7 +144,7 @@ class RolloutRecord:
 def _record(judge: str, case: str, results: Sequence[RunResult]) -> RolloutRecord:
     n = len(results)
     times = np.array([r.decision_s for r in results])
-    served = np.array([r.canary_requests for r in results], dtype=np.float64)
+    served = np.array([r.blast_radius for r in results], dtype=np.float64)
     rollbacks = [r for r in results if r.phase is RolloutPhase.ROLLED_BACK]
     reasons = Counter(r.reason for r in rollbacks)
     at_percent = Counter(f"{r.final_percent:g}" for r in rollbacks)
@@ -150,17 +173,18 @@ def run_rollouts(
     cases: Sequence[str] | None = None,
     on_seed: Callable[[int, int], None] | None = None,
 ) -> list[RolloutRecord]:
-    """Every (judge, case) over ``config.seeds`` seeds; rows in judge-then-case order."""
+    """Every (judge, case) at its defaults over ``config.seeds`` seeds of the first evidence
+    model; rows in judge-then-case order."""
     judge_names = list(judges) if judges is not None else [j.name for j in JUDGES]
     chosen = [c for c in config.cases if cases is None or c.name in cases]
     results: dict[tuple[str, str], list[RunResult]] = {
         (j, c.name): [] for j in judge_names for c in chosen
     }
     for k in range(config.seeds):
-        traffic = Traffic(config.traffic, config.first_seed + k)
+        source = make_source(config.evidence[0], config.traffic, config.first_seed + k)
         for case in chosen:
             for judge in judge_names:
-                results[(judge, case.name)].append(simulate(judge, case, traffic, config))
+                results[(judge, case.name)].append(simulate(judge, case, source, config))
         if on_seed is not None:
             on_seed(k + 1, config.seeds)
     return [_record(j, c.name, results[(j, c.name)]) for j in judge_names for c in chosen]
@@ -216,36 +240,7 @@ def describe(config: SimConfig) -> str:
         f"{100 * p.max_error_rate_increase:g} points, x{p.max_error_rate_ratio:g}), p95 limit "
         f"x{p.max_p95_ratio:g}, streaks {p.healthy_windows_to_advance}/"
         f"{p.unhealthy_windows_to_rollback}, false-alarm rate {p.false_alarm_rate:g}, "
-        f"max duration {p.max_duration_s:g} s. Blast radius = requests the canary served "
-        "before the final decision."
+        f"max duration {p.max_duration_s:g} s; evidence {', '.join(config.evidence)}. Blast "
+        "radius = requests the canary served before the final decision (a bad canary promoted "
+        "is also charged all traffic for the rest of the horizon)."
     )
-
-
-def rollout_main(
-    config: SimConfig, as_json: bool, out: TextIO, err: TextIO, *, progress: bool = False
-) -> int:
-    """Runs every (judge, case) and prints a table or JSON lines; timing goes to ``err``."""
-    started = time.perf_counter()
-
-    def on_seed(done: int, total: int) -> None:
-        if progress:
-            err.write(f"\r  seed {done}/{total}\x1b[K")
-            err.flush()
-
-    records = run_rollouts(config, on_seed=on_seed)
-    if progress:
-        err.write("\r\x1b[K")
-    if as_json:
-        for record in records:
-            out.write(json.dumps(record.as_json()) + "\n")
-    else:
-        out.write(describe(config) + "\n\n" + format_table(records) + "\n")
-    err.write(
-        f"{len(records)} (judge, case) rows x {config.seeds} seeds in "
-        f"{time.perf_counter() - started:.1f} s\n"
-    )
-    return 0
-
-
-def with_seeds(config: SimConfig, seeds: int) -> SimConfig:
-    return replace(config, seeds=seeds)

@@ -85,8 +85,10 @@ CASES: tuple[Case, ...] = (
     Case("faster", "canary genuinely faster (0.7x)", canary_latency_factor=0.7),
     Case(
         "underprovisioned",
-        "identical versions; 1 canary replica vs 2 baseline replicas, ramped under load",
+        "identical versions, but 1 canary replica vs 2 baseline replicas: fine at a small "
+        "share, saturated at a large one",
         underprovisioned=True,
+        bad=True,
     ),
 )
 

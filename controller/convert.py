@@ -3,7 +3,8 @@
 What it decides: how times cross the boundary — policy code runs on an injected monotonic
 clock, the wire carries wall-clock ``Timestamp``s, so :class:`WallClock` maps one onto the
 other with a single offset taken at start (a wall-clock step later does not reorder leases) —
-and how stored rollouts and decisions become ``Rollout`` / ``RolloutDecision`` messages.
+and how stored rollouts and decisions become ``Rollout`` / ``RolloutDecision`` messages (with
+the rollout's gates, and whether a decision took effect).
 Keeping these in one module keeps the servicer a thin adapter and the policy modules free of
 wall time.
 """
@@ -32,6 +33,7 @@ from controller.store import (
 from halcyon.v1 import control_pb2
 
 __all__ = [
+    "APPROVAL_FROM_PB",
     "WallClock",
     "arm_to_pb",
     "decision_to_pb",
@@ -47,6 +49,17 @@ _ROLLOUT_STATE = {
     RolloutStatus.PROMOTED: control_pb2.ROLLOUT_STATE_PROMOTED,
     RolloutStatus.ROLLED_BACK: control_pb2.ROLLOUT_STATE_ROLLED_BACK,
     RolloutStatus.ABORTED: control_pb2.ROLLOUT_STATE_ABORTED,
+    RolloutStatus.ANALYZED: control_pb2.ROLLOUT_STATE_ANALYZED,
+}
+# The stored approval mode (controller.canary.ApprovalMode's values) on the wire and back.
+_APPROVAL = {
+    "none": control_pb2.APPROVAL_MODE_NONE,
+    "promotion": control_pb2.APPROVAL_MODE_PROMOTION,
+    "every_step": control_pb2.APPROVAL_MODE_EVERY_STEP,
+}
+APPROVAL_FROM_PB: Mapping[int, str] = {
+    control_pb2.APPROVAL_MODE_UNSPECIFIED: "none",
+    **{wire: stored for stored, wire in _APPROVAL.items()},
 }
 _ACTION = {
     DecisionAction.START: control_pb2.DECISION_ACTION_START,
@@ -130,6 +143,11 @@ def rollout_to_pb(
         policy=stored_policy_to_pb(r.policy),
         started_at=timestamp(r.started_at),
         updated_at=timestamp(r.updated_at),
+        paused=r.paused,
+        auto_rollback=r.auto_rollback,
+        approval=_APPROVAL.get(r.approval, control_pb2.APPROVAL_MODE_UNSPECIFIED),
+        awaiting_approval=r.awaiting_approval,
+        analysis_only=r.analysis_only,
     )
     if last_decision is not None:
         out.last_decision.CopyFrom(decision_to_pb(last_decision))
@@ -165,6 +183,7 @@ def decision_to_pb(d: DecisionRecord) -> control_pb2.RolloutDecision:
         detail=d.detail,
         statistics=d.statistics,
         needed_requests=d.needed_requests,
+        applied=d.applied,
     )
     if d.baseline is not None:
         out.baseline.CopyFrom(arm_to_pb(d.baseline))

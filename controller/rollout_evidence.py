@@ -25,6 +25,10 @@ A request that finally failed did so on a failed batch reported in the same repo
 attempt), so the larger of the two counts each failed attempt once; the ``max`` keeps an error
 that came from no batch (a reply missing from a successful batch) from being lost.
 
+The batches themselves are counted too (``batches``, ``failed_batches``): the requests of one
+batch fail together, so the judge's error test counts failed *batches* among batches — the
+units that fail independently — and the request counts are what decisions show (ADR 0008).
+
 Evidence arrives in gateway reports, about a second late; an outcome reported just after a
 weight change may have been routed under the previous weight. Both arms are affected alike,
 which is what a same-window comparison needs.
@@ -56,6 +60,8 @@ class _Arm:
     failed: int = 0  # requests whose final outcome was an error
     failed_attempts: int = 0  # items of failed batches
     shed: int = 0
+    batches: int = 0  # batches run for the arm, ok or failed
+    failed_batches: int = 0
     latencies: list[float] = field(default_factory=list)
 
     def evidence(self) -> ArmEvidence:
@@ -65,6 +71,8 @@ class _Arm:
             errors=errors,
             shed=self.shed,
             latencies_s=tuple(self.latencies),
+            batches=self.batches,
+            failed_batches=self.failed_batches,
         )
 
 
@@ -111,11 +119,14 @@ class RolloutEvidence:
             arm.shed += 1
 
     def record_batch(self, model: str, version: str, size: int, ok: bool) -> None:
-        """Count a failed batch's items as failed attempts (the aggregator's tap)."""
-        if ok:
-            return
+        """Count a batch — the unit the error test judges — and a failed one's items as
+        failed attempts (the aggregator's tap)."""
         arm = self._arms.get((model, version))
-        if arm is not None:
+        if arm is None:
+            return
+        arm.batches += 1
+        if not ok:
+            arm.failed_batches += 1
             arm.failed_attempts += size
 
     def take(self, model: str) -> tuple[ArmEvidence, ArmEvidence]:

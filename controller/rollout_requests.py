@@ -2,7 +2,9 @@
 
 What it decides: which rollout requests are malformed — INVALID_ARGUMENT naming the offending
 field, never an internal error (defect 13 of the original) — and what a well-formed
-``StartRollout`` means: the steps as the judge will run them and the effective policy.
+``StartRollout`` means: the steps as the judge will run them, the effective policy and the gates
+(approval mode, analysis-only; an approval value this controller does not know is refused rather
+than taken for "none", which would promote without the approval the caller asked for).
 
 Steps are canary traffic percentages (:func:`controller.canary.normalize_steps`): each strictly
 between 0 and 100 and strictly increasing, empty for the default 1, 5, 25, 50; a final 100 is
@@ -13,9 +15,9 @@ module's: that depends on the fleet, this only on the request.
 
 Names are bounded like a registration's (:func:`controller.registry.identifier_problem`:
 model and canary version at most :data:`~controller.registry.MAX_NAME_CHARS` characters), an
-abort reason at :data:`MAX_REASON_CHARS`, and the policy's ratios at :data:`MAX_RATIO` (a
-larger one would switch the guard off; say so with the largest). A refusal names the field and
-never repeats a long value.
+abort, pause or resume reason at :data:`MAX_REASON_CHARS`, and the policy's ratios at
+:data:`MAX_RATIO` (a larger one would switch the guard off; say so with the largest). A refusal
+names the field and never repeats a long value.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from __future__ import annotations
 import math
 
 from common.errors import echo, invalid_argument
-from controller.canary import InvalidSteps, JudgePolicy, normalize_steps
+from controller.canary import ApprovalMode, Gates, InvalidSteps, JudgePolicy, normalize_steps
+from controller.convert import APPROVAL_FROM_PB
 from controller.registry import MAX_NAME_CHARS, identifier_problem
 from controller.rollout_policy import policy_from_pb
 from controller.rollouts import StartRequest
@@ -32,6 +35,7 @@ from halcyon.v1 import control_pb2
 __all__ = [
     "MAX_RATIO",
     "MAX_REASON_CHARS",
+    "parse_approval",
     "parse_start",
     "validate_model",
     "validate_name",
@@ -42,7 +46,7 @@ __all__ = [
 
 # The largest max_error_rate_ratio / max_p95_ratio: a canary 1,000 times worse is not one.
 MAX_RATIO = 1000.0
-# An operator's abort reason, stored with the decision.
+# An operator's abort / pause / resume reason, stored with the decision.
 MAX_REASON_CHARS = 1024
 
 
@@ -96,6 +100,18 @@ def validate_policy(policy: control_pb2.RolloutPolicy) -> JudgePolicy:
     return policy_from_pb(policy)
 
 
+def parse_approval(value: int) -> ApprovalMode:
+    """The approval mode a StartRollout asks for (unset: none), or INVALID_ARGUMENT."""
+    stored = APPROVAL_FROM_PB.get(value)
+    if stored is None:
+        raise invalid_argument(
+            "approval",
+            f"unknown approval mode {value}: use APPROVAL_MODE_NONE, APPROVAL_MODE_PROMOTION or "
+            "APPROVAL_MODE_EVERY_STEP",
+        )
+    return ApprovalMode(stored)
+
+
 def parse_start(
     request: control_pb2.StartRolloutRequest, stable_version: str | None
 ) -> StartRequest:
@@ -113,9 +129,11 @@ def parse_start(
         )
     steps = validate_steps(list(request.step_percents))
     policy = validate_policy(request.policy)
+    gates = Gates(approval=parse_approval(request.approval), analysis_only=request.analysis_only)
     return StartRequest(
         model=request.model,
         canary_version=request.canary_version,
         step_percents=steps,
         policy=policy,
+        gates=gates,
     )

@@ -26,6 +26,16 @@ comparison no longer means anything.
 Operator promote and abort act at once, through the same store-route-stream path. One asyncio
 lock serialises every change, so an abort cannot interleave with a judge decision. The judge is
 pure and takes readings of the injected clock; the wall clock only stamps stored records.
+
+Gates (issue #20, :mod:`controller.canary.gates`): pause and resume change the run's gates and
+are stored as operator decisions (HOLD ``paused`` / ``resumed``); an approval is the run's own
+decision (ADVANCE or PROMOTE ``approved``) applied like any judge decision. Every gate is a
+column of the rollout, written with the decision that changed it, so a restart re-arms a paused
+rollout paused and one awaiting approval still awaiting; ``resumes_in_step`` goes up by one on
+every restart (and back to 0 when the step advances) so the judge does not grant a resumed step
+a fresh false-alarm budget. An analysis-only rollout routes what the run says (the first step's
+share) and its terminal decision (``applied`` False) ends it as ``analyzed``: traffic back to the
+baseline, nothing made stable; an operator cannot promote one.
 """
 
 from __future__ import annotations
@@ -34,17 +44,20 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from common.clock import Clock
 from controller.canary import (
+    ApprovalMode,
     ArmSummary,
     Decision,
+    Gates,
     JudgePolicy,
     RolloutAction,
     RolloutRun,
     normalize_steps,
 )
+from controller.canary import NotAwaitingApproval as RunNotAwaiting
 from controller.convert import WallClock
 from controller.decision_feed import DecisionFeed
 from controller.fleet_view import FleetView
@@ -65,12 +78,16 @@ from controller.store import (
 )
 
 __all__ = [
+    "AnalysisOnlyRollout",
     "DecisionNotStored",
     "NoActiveRollout",
     "NoCanaryReplica",
     "NoStableVersion",
+    "NotAwaitingApproval",
+    "RolloutAlreadyPaused",
     "RolloutBusy",
     "RolloutManager",
+    "RolloutNotPaused",
     "StartRequest",
     "UnknownModel",
 ]
@@ -156,6 +173,49 @@ class DecisionNotStored(RuntimeError):
     """The store refused an operator's decision; nothing changed, the caller may retry."""
 
 
+class RolloutAlreadyPaused(RuntimeError):
+    """Pause named a rollout that is paused already."""
+
+    def __init__(self, rollout: RolloutRecord) -> None:
+        super().__init__(
+            f"the rollout of {rollout.model!r} (id {rollout.id}) is already paused at "
+            f"{rollout.canary_weight_bp / 100:g}%; resume it with `halcyon rollout resume "
+            f"{rollout.model}`"
+        )
+        self.rollout = rollout
+
+
+class RolloutNotPaused(RuntimeError):
+    """Resume named a rollout that is not paused."""
+
+    def __init__(self, rollout: RolloutRecord) -> None:
+        super().__init__(
+            f"the rollout of {rollout.model!r} (id {rollout.id}) is not paused: it is "
+            f"progressing at {rollout.canary_weight_bp / 100:g}%"
+        )
+        self.rollout = rollout
+
+
+class NotAwaitingApproval(RuntimeError):
+    """Approve named a rollout that waits for no approval; the message says where it is."""
+
+    def __init__(self, rollout: RolloutRecord, why: str) -> None:
+        super().__init__(f"{rollout.model!r} (rollout id {rollout.id}): {why}")
+        self.rollout = rollout
+
+
+class AnalysisOnlyRollout(RuntimeError):
+    """Promote named an analysis-only rollout, which never moves traffic."""
+
+    def __init__(self, rollout: RolloutRecord) -> None:
+        super().__init__(
+            f"the rollout of {rollout.model!r} (id {rollout.id}) is analysis-only: it never "
+            "moves traffic or makes the canary stable; abort it, or start a rollout without "
+            "--analysis-only to ship the canary"
+        )
+        self.rollout = rollout
+
+
 @dataclass(frozen=True)
 class StartRequest:
     """A validated StartRollout: steps as typed (normalized here), the effective policy."""
@@ -164,6 +224,7 @@ class StartRequest:
     canary_version: str
     step_percents: tuple[float, ...]
     policy: JudgePolicy
+    gates: Gates = field(default_factory=Gates)
 
 
 @dataclass
@@ -250,23 +311,29 @@ class RolloutManager:
                 if stable != record.baseline_version:
                     await self._finish_stale(record, stable)
                     continue
+                # One more resume of this step: the judge gives it what its budget has left.
+                record = replace(record, resumes_in_step=record.resumes_in_step + 1)
                 try:
                     run = self._rebuild_run(record)
                 except ValueError as exc:
                     await self._finish_stale(record, stable, str(exc))
                     continue
-                self._arm(record, run)
+                percent = record.canary_weight_bp / 100.0
                 decision = self._decision(
                     record,
                     DecisionAction.HOLD,
                     "resumed",
                     "the controller restarted; resuming at step "
                     f"{record.step_index + 1} of {len(record.step_percents)} "
-                    f"({run.canary_percent:g}%) with fresh evidence",
-                    run.canary_percent,
-                    run.canary_percent,
+                    f"({run.canary_percent:g}%) with fresh evidence" + _gate_note(record),
+                    percent,
+                    percent,
                 )
-                stored_decision = await asyncio.to_thread(self._store.insert_decision, decision)
+                record = replace(record, updated_at=decision.decided_at)
+                stored_decision = await asyncio.to_thread(
+                    self._store.commit_decision, record, decision
+                )
+                self._arm(record, run)
                 self.feed.publish(stored_decision)
                 resumed.append(record)
                 _log.info(
@@ -279,7 +346,8 @@ class RolloutManager:
         return resumed
 
     def _rebuild_run(self, record: RolloutRecord) -> RolloutRun:
-        """A run at the record's step; the time limit counts from the original start."""
+        """A run at the record's step with its gates; the time limit counts from the original
+        start."""
         now = self._clock.now()
         elapsed = max(0.0, self._wall.now() - record.started_at)
         return RolloutRun(
@@ -288,6 +356,9 @@ class RolloutManager:
             started_at=now - elapsed,
             step_index=record.step_index,
             resumed_at=now,
+            gates=_gates_of(record),
+            awaiting_approval=record.awaiting_approval,
+            resumes_in_step=record.resumes_in_step,
         )
 
     async def _finish_stale(
@@ -349,20 +420,32 @@ class RolloutManager:
         return taken
 
     async def _apply(self, active: _Active, decision: Decision) -> DecisionRecord | None:
+        return (await self._apply_run_decision(active, decision))[1]
+
+    async def _apply_run_decision(
+        self, active: _Active, decision: Decision
+    ) -> tuple[RolloutRecord, DecisionRecord | None]:
+        """Store, route and stream a decision of the run; the rollout as it leaves it."""
         record, run = active.record, active.run
         action = _ACTION[decision.action]
         state = _STATE_AFTER.get(decision.action, RolloutStatus.PROGRESSING)
-        weight = {
-            RolloutStatus.PROGRESSING: run.weight_bp,
-            RolloutStatus.PROMOTED: MAX_WEIGHT_BP,
-            RolloutStatus.ROLLED_BACK: 0,
-        }[state]
+        if state is not RolloutStatus.PROGRESSING and not decision.applied:
+            # Analysis only: the verdict is recorded, traffic goes back, nothing is promoted.
+            state = RolloutStatus.ANALYZED
+        weight = MAX_WEIGHT_BP if state is RolloutStatus.PROMOTED else 0
+        if state is RolloutStatus.PROGRESSING:
+            weight = run.weight_bp
         updated = replace(
             record,
             step_index=run.step_index,
             canary_weight_bp=weight,
             state=state,
             updated_at=self._wall.now(),
+            paused=run.gates.paused,
+            auto_rollback=run.gates.auto_rollback,
+            awaiting_approval=run.awaiting_approval,
+            # A new step starts its budget afresh; the run says so, and so does a moved index.
+            resumes_in_step=(run.resumes_in_step if run.step_index == record.step_index else 0),
         )
         row = replace(
             self._decision(
@@ -378,8 +461,9 @@ class RolloutManager:
             canary=_snapshot(record.canary_version, decision.canary),
             statistics=dict(decision.statistics),
             needed_requests=decision.needed_requests,
+            applied=decision.applied,
         )
-        return await self._commit(active, updated, row)
+        return updated, await self._commit(active, updated, row)
 
     async def _commit(
         self, active: _Active, updated: RolloutRecord, row: DecisionRecord
@@ -460,6 +544,7 @@ class RolloutManager:
                 steps=normalize_steps(request.step_percents),
                 policy=request.policy,
                 started_at=now,
+                gates=request.gates,
             )
             wall_now = self._wall.now()
             record = RolloutRecord(
@@ -473,6 +558,8 @@ class RolloutManager:
                 step_index=run.step_index,
                 canary_weight_bp=run.weight_bp,
                 policy=policy_to_dict(request.policy),
+                approval=str(request.gates.approval),
+                analysis_only=request.gates.analysis_only,
             )
             first = self._decision(
                 record,
@@ -480,9 +567,10 @@ class RolloutManager:
                 "started",
                 f"{canary} against {baseline}: steps "
                 f"{', '.join(f'{p:g}' for p in record.step_percents)} % then promote; "
-                f"{run.canary_percent:g}% of sessions now go to {canary}",
+                f"{run.weight_bp / 100:g}% of sessions now go to {canary}"
+                + _start_note(request.gates),
                 0.0,
-                run.canary_percent,
+                run.weight_bp / 100,
             )
             try:
                 record, stored = await asyncio.to_thread(self._store.start_rollout, record, first)
@@ -519,7 +607,8 @@ class RolloutManager:
         )
 
     async def promote(self, model: str) -> RolloutRecord:
-        """Make the canary stable now (operator); raises NoActiveRollout / UnknownModel."""
+        """Make the canary stable now (operator); raises NoActiveRollout / UnknownModel, and
+        AnalysisOnlyRollout for a dry run."""
         return await self._operator(model, RolloutStatus.PROMOTED, "operator", "")
 
     async def abort(self, model: str, why: str) -> RolloutRecord:
@@ -538,6 +627,8 @@ class RolloutManager:
             record = active.record
             percent = record.canary_weight_bp / 100.0
             promote = state is RolloutStatus.PROMOTED
+            if promote and record.analysis_only:
+                raise AnalysisOnlyRollout(record)
             detail = (
                 f"an operator promoted {record.canary_version} from {percent:g}%"
                 if promote
@@ -566,6 +657,99 @@ class RolloutManager:
                 )
             return updated
 
+    async def _running(self, model: str) -> _Active:
+        """The running rollout of ``model`` (the caller holds the lock), or the error an
+        operator action raises for a model with none."""
+        active = self._active.get(model)
+        if active is None:
+            if not await self.knows_model(model):
+                raise UnknownModel(model)
+            raise NoActiveRollout(model)
+        return active
+
+    async def pause(
+        self, model: str, *, auto_rollback: bool = True, why: str = ""
+    ) -> RolloutRecord:
+        """Hold the canary's weight; judging continues (operator). ``auto_rollback``: whether a
+        proven regression still rolls back while paused. Raises RolloutAlreadyPaused,
+        NoActiveRollout, UnknownModel, DecisionNotStored."""
+        async with self._lock:
+            active = await self._running(model)
+            record = active.record
+            if active.run.gates.paused:
+                raise RolloutAlreadyPaused(record)
+            percent = record.canary_weight_bp / 100.0
+            detail = (
+                f"an operator paused the rollout at {percent:g}%: the weight holds and the "
+                "judge keeps judging; "
+                + (
+                    "a proven regression still rolls back"
+                    if auto_rollback
+                    else "auto-rollback is off, a proven regression is held for the operator"
+                )
+                + (f": {why}" if why else "")
+            )
+            gates = replace(active.run.gates, paused=True, auto_rollback=auto_rollback)
+            return await self._set_gates(active, gates, "paused", detail)
+
+    async def resume_rollout(self, model: str, *, why: str = "") -> RolloutRecord:
+        """Lift a pause: the rollout continues from where it was (operator). Raises
+        RolloutNotPaused, NoActiveRollout, UnknownModel, DecisionNotStored."""
+        async with self._lock:
+            active = await self._running(model)
+            record = active.record
+            if not active.run.gates.paused:
+                raise RolloutNotPaused(record)
+            detail = (
+                f"an operator resumed the rollout at {record.canary_weight_bp / 100:g}%: the "
+                "judge moves traffic on its verdicts again" + (f": {why}" if why else "")
+            )
+            gates = replace(active.run.gates, paused=False, auto_rollback=True)
+            return await self._set_gates(active, gates, "resumed", detail)
+
+    async def _set_gates(
+        self, active: _Active, gates: Gates, reason: str, detail: str
+    ) -> RolloutRecord:
+        """Change the run's gates and store it as an operator decision (lock held)."""
+        record = active.record
+        active.run.set_gates(gates, self._clock.now())
+        percent = record.canary_weight_bp / 100.0
+        updated = replace(
+            record,
+            paused=active.run.gates.paused,
+            auto_rollback=active.run.gates.auto_rollback,
+            awaiting_approval=active.run.awaiting_approval,
+            updated_at=self._wall.now(),
+        )
+        row = replace(
+            self._decision(record, DecisionAction.HOLD, reason, detail, percent, percent),
+            decided_at=updated.updated_at,
+        )
+        if await self._commit(active, updated, row) is None:
+            raise DecisionNotStored(
+                f"the controller could not store the decision for {record.model!r}; "
+                "nothing changed, try again"
+            )
+        return updated
+
+    async def approve(self, model: str) -> tuple[RolloutRecord, DecisionRecord]:
+        """Take the move the rollout waits for (operator): the run's ADVANCE or PROMOTE,
+        reason ``approved``. Raises NotAwaitingApproval, NoActiveRollout, UnknownModel,
+        DecisionNotStored."""
+        async with self._lock:
+            active = await self._running(model)
+            try:
+                decision = active.run.approve(self._clock.now())
+            except RunNotAwaiting as exc:
+                raise NotAwaitingApproval(active.record, str(exc)) from None
+            updated, stored = await self._apply_run_decision(active, decision)
+            if stored is None:
+                raise DecisionNotStored(
+                    f"the controller could not store the approval for {model!r}; "
+                    "nothing changed, try again"
+                )
+            return updated, stored
+
     def _decision(
         self,
         record: RolloutRecord,
@@ -586,3 +770,40 @@ class RolloutManager:
             to_percent=to_percent,
             decided_at=self._wall.now(),
         )
+
+
+def _gates_of(record: RolloutRecord) -> Gates:
+    """The gates a stored rollout runs under."""
+    return Gates(
+        paused=record.paused,
+        auto_rollback=record.auto_rollback,
+        approval=ApprovalMode(record.approval),
+        analysis_only=record.analysis_only,
+    )
+
+
+def _start_note(gates: Gates) -> str:
+    """What a start decision says about the gates it was started with."""
+    notes = []
+    if gates.analysis_only:
+        notes.append(
+            "analysis only: every decision is recorded, traffic stays at the first step and "
+            "the canary is never made stable"
+        )
+    if gates.approval is ApprovalMode.PROMOTION:
+        notes.append("promotion waits for `halcyon rollout approve`")
+    elif gates.approval is ApprovalMode.EVERY_STEP:
+        notes.append("every advance and the promotion wait for `halcyon rollout approve`")
+    return "".join(f"; {n}" for n in notes)
+
+
+def _gate_note(record: RolloutRecord) -> str:
+    """What a restart's resume decision says about the gates still in force."""
+    notes = []
+    if record.paused:
+        notes.append("still paused" + ("" if record.auto_rollback else " (auto-rollback off)"))
+    if record.awaiting_approval:
+        notes.append("still awaiting approval")
+    if record.analysis_only:
+        notes.append("analysis only")
+    return "".join(f"; {n}" for n in notes)

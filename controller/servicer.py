@@ -61,12 +61,16 @@ from controller.registry import (
     identifier_problem,
 )
 from controller.rollouts import (
+    AnalysisOnlyRollout,
     DecisionNotStored,
     NoActiveRollout,
     NoCanaryReplica,
     NoStableVersion,
+    NotAwaitingApproval,
+    RolloutAlreadyPaused,
     RolloutBusy,
     RolloutManager,
+    RolloutNotPaused,
     UnknownModel,
 )
 from controller.store import ControllerStore, DecisionRecord
@@ -136,6 +140,22 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             )
         elif isinstance(exc, NoActiveRollout):
             err = _precondition(exc, Reason.NO_ACTIVE_ROLLOUT, model=exc.model)
+        elif isinstance(exc, RolloutAlreadyPaused | RolloutNotPaused | NotAwaitingApproval):
+            reason = {
+                RolloutAlreadyPaused: Reason.ROLLOUT_ALREADY_PAUSED,
+                RolloutNotPaused: Reason.ROLLOUT_NOT_PAUSED,
+                NotAwaitingApproval: Reason.ROLLOUT_NOT_AWAITING_APPROVAL,
+            }[type(exc)]
+            err = _precondition(
+                exc, reason, model=exc.rollout.model, rollout_id=str(exc.rollout.id)
+            )
+        elif isinstance(exc, AnalysisOnlyRollout):
+            err = _precondition(
+                exc,
+                Reason.ROLLOUT_ANALYSIS_ONLY,
+                model=exc.rollout.model,
+                rollout_id=str(exc.rollout.id),
+            )
         elif isinstance(exc, DecisionNotStored):
             err = RichError(
                 grpc.StatusCode.UNAVAILABLE,
@@ -374,6 +394,45 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         except Exception as exc:
             await self._fail(context, exc)
         return control_pb2.AbortRolloutResponse(rollout=rollout_to_pb(record, latest))
+
+    async def PauseRollout(
+        self, request: control_pb2.PauseRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.PauseRolloutResponse:
+        try:
+            rollout_requests.validate_model(request.model)
+            rollout_requests.validate_reason(request.reason)
+            auto_rollback = request.auto_rollback if request.HasField("auto_rollback") else True
+            record = await self._rollouts.pause(
+                request.model, auto_rollback=auto_rollback, why=request.reason.strip()
+            )
+            latest = await self._latest(record.id)
+        except Exception as exc:
+            await self._fail(context, exc)
+        return control_pb2.PauseRolloutResponse(rollout=rollout_to_pb(record, latest))
+
+    async def ResumeRollout(
+        self, request: control_pb2.ResumeRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.ResumeRolloutResponse:
+        try:
+            rollout_requests.validate_model(request.model)
+            rollout_requests.validate_reason(request.reason)
+            record = await self._rollouts.resume_rollout(request.model, why=request.reason.strip())
+            latest = await self._latest(record.id)
+        except Exception as exc:
+            await self._fail(context, exc)
+        return control_pb2.ResumeRolloutResponse(rollout=rollout_to_pb(record, latest))
+
+    async def ApproveRollout(
+        self, request: control_pb2.ApproveRolloutRequest, context: grpc.aio.ServicerContext
+    ) -> control_pb2.ApproveRolloutResponse:
+        try:
+            rollout_requests.validate_model(request.model)
+            record, decision = await self._rollouts.approve(request.model)
+        except Exception as exc:
+            await self._fail(context, exc)
+        return control_pb2.ApproveRolloutResponse(
+            rollout=rollout_to_pb(record, decision), decision=decision_to_pb(decision)
+        )
 
     async def _latest(self, rollout_id: int) -> DecisionRecord | None:
         found = await asyncio.to_thread(self._store.list_decisions, rollout_id=rollout_id, limit=1)

@@ -1,8 +1,11 @@
 """The controller's durable state: one SQLite file (stdlib ``sqlite3``, WAL journal).
 
-What it keeps: rollouts and every rollout decision with the evidence behind it — arm metrics,
-test statistics, the reason in words — (so "why did the canary roll back at 02:14?" has an
-answer after the fact, and rollouts survive a restart),
+What it keeps: rollouts (with their operator gates: paused, auto-rollback, the approval mode,
+whether one awaits approval, analysis-only, and how often the current step was resumed after a
+restart — so a paused rollout is still paused after one) and every rollout decision with the
+evidence behind it — arm metrics, test statistics, the reason in words, whether it took effect
+— (so "why did the canary roll back at 02:14?" has an answer after the fact, and rollouts
+survive a restart),
 the persisted stable versions (see :mod:`controller.stable_versions`), and the fleet's history
 (replicas registered / expired / removed / drained, with wall-clock timestamps).
 
@@ -68,6 +71,8 @@ class RolloutStatus(StrEnum):
     PROMOTED = "promoted"
     ROLLED_BACK = "rolled_back"
     ABORTED = "aborted"
+    # An analysis-only rollout that reached its verdict (never routed, never made stable).
+    ANALYZED = "analyzed"
 
 
 class DecisionAction(StrEnum):
@@ -112,7 +117,14 @@ class ArmSnapshot:
 
 @dataclass(frozen=True)
 class RolloutRecord:
-    """A rollout as stored. ``id`` is 0 until inserted. Times are wall-clock epoch seconds."""
+    """A rollout as stored. ``id`` is 0 until inserted. Times are wall-clock epoch seconds.
+
+    The gates (:mod:`controller.canary.gates`): ``paused`` and ``auto_rollback`` (set by pause /
+    resume), ``approval`` (``none``, ``promotion`` or ``every_step``, fixed at start),
+    ``awaiting_approval`` (the judge waits for an approve), ``analysis_only`` (a dry run, fixed
+    at start); ``resumes_in_step`` counts the restarts the current step has been resumed from
+    (0 again once it advances), so the judge does not grant a resumed step a fresh budget.
+    """
 
     model: str
     baseline_version: str
@@ -125,11 +137,21 @@ class RolloutRecord:
     canary_weight_bp: int = 0
     policy: dict[str, Any] = field(default_factory=dict)
     id: int = 0
+    paused: bool = False
+    auto_rollback: bool = True
+    approval: str = "none"
+    awaiting_approval: bool = False
+    analysis_only: bool = False
+    resumes_in_step: int = 0
 
 
 @dataclass(frozen=True)
 class DecisionRecord:
-    """A rollout decision and the evidence behind it. ``id`` is 0 until inserted."""
+    """A rollout decision and the evidence behind it. ``id`` is 0 until inserted.
+
+    ``applied`` is False for what an analysis-only rollout would have done (recorded, never
+    routed).
+    """
 
     rollout_id: int
     model: str
@@ -144,6 +166,7 @@ class DecisionRecord:
     statistics: dict[str, float] = field(default_factory=dict)
     needed_requests: int = 0
     id: int = 0
+    applied: bool = True
 
 
 @dataclass(frozen=True)
@@ -222,8 +245,36 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "CREATE UNIQUE INDEX one_progressing_rollout_per_model ON rollouts(model) "
         "WHERE state = 'progressing'",
     ),
+    # 4: the rollout gates (issue #20), and whether a decision took effect. Rows written before
+    # have no gates and every decision of theirs was applied. The new terminal state
+    # 'analyzed' needs no DDL (state is free text; the unique index covers 'progressing').
+    (
+        "ALTER TABLE rollouts ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN auto_rollback INTEGER NOT NULL DEFAULT 1",
+        "ALTER TABLE rollouts ADD COLUMN approval TEXT NOT NULL DEFAULT 'none'",
+        "ALTER TABLE rollouts ADD COLUMN awaiting_approval INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN analysis_only INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollouts ADD COLUMN resumes_in_step INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE rollout_decisions ADD COLUMN applied INTEGER NOT NULL DEFAULT 1",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
+# The version that added the gate columns (migration 4); a store opened at an earlier target
+# (a migration test) reads and writes the rows of its own version, without them.
+GATES_VERSION = 4
+_ROLLOUT_FIELDS = (
+    "model", "baseline_version", "canary_version", "step_percents", "step_index",
+    "canary_weight_bp", "state", "policy", "started_at", "updated_at",
+)  # fmt: skip
+_GATE_FIELDS = (
+    "paused", "auto_rollback", "approval", "awaiting_approval", "analysis_only",
+    "resumes_in_step",
+)  # fmt: skip
+_DECISION_FIELDS = (
+    "id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent",
+    "baseline_metrics", "canary_metrics", "decided_at", "detail", "statistics",
+    "needed_requests",
+)  # fmt: skip
 
 
 class ControllerStore:
@@ -238,6 +289,10 @@ class ControllerStore:
             raise ValueError(f"target_version must be in [0, {SCHEMA_VERSION}]")
         self._path = str(path)
         self._lock = threading.RLock()
+        gated = target_version >= GATES_VERSION
+        self._rollout_fields = _ROLLOUT_FIELDS + (_GATE_FIELDS if gated else ())
+        self._rollout_columns = ", ".join(("id", *self._rollout_fields))
+        self._decision_columns = ", ".join(_DECISION_FIELDS + (("applied",) if gated else ()))
         try:
             self._db = sqlite3.connect(
                 self._path, isolation_level=None, check_same_thread=False, timeout=5.0
@@ -324,13 +379,8 @@ class ControllerStore:
 
     # -- rollouts -----------------------------------------------------------------------------
 
-    _ROLLOUT_COLUMNS = (
-        "id, model, baseline_version, canary_version, step_percents, step_index, "
-        "canary_weight_bp, state, policy, started_at, updated_at"
-    )
-
-    @staticmethod
-    def _rollout_row(r: RolloutRecord) -> tuple[Any, ...]:
+    def _rollout_row(self, r: RolloutRecord) -> tuple[Any, ...]:
+        """The values of :attr:`_rollout_fields`, in order."""
         steps = [float(p) for p in r.step_percents]
         if not all(math.isfinite(p) for p in steps):
             raise ValueError("step_percents must be finite")
@@ -345,10 +395,18 @@ class ControllerStore:
             json.dumps(r.policy, sort_keys=True),
             r.started_at,
             r.updated_at,
-        )
+            int(bool(r.paused)),
+            int(bool(r.auto_rollback)),
+            str(r.approval),
+            int(bool(r.awaiting_approval)),
+            int(bool(r.analysis_only)),
+            int(r.resumes_in_step),
+        )[: len(self._rollout_fields)]
 
     @staticmethod
     def _rollout_from(row: tuple[Any, ...]) -> RolloutRecord:
+        if len(row) == 1 + len(_ROLLOUT_FIELDS):  # a store before the gates: none set
+            row = (*row, 0, 1, "none", 0, 0, 0)
         return RolloutRecord(
             id=int(row[0]),
             model=row[1],
@@ -361,6 +419,12 @@ class ControllerStore:
             policy=json.loads(row[8]),
             started_at=float(row[9]),
             updated_at=float(row[10]),
+            paused=bool(row[11]),
+            auto_rollback=bool(row[12]),
+            approval=str(row[13]),
+            awaiting_approval=bool(row[14]),
+            analysis_only=bool(row[15]),
+            resumes_in_step=int(row[16]),
         )
 
     def insert_rollout(self, rollout: RolloutRecord) -> RolloutRecord:
@@ -373,10 +437,10 @@ class ControllerStore:
 
     def _insert_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> RolloutRecord:
         try:
+            fields = self._rollout_fields
             cur = db.execute(
-                "INSERT INTO rollouts (model, baseline_version, canary_version, step_percents, "
-                "step_index, canary_weight_bp, state, policy, started_at, updated_at) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"INSERT INTO rollouts ({', '.join(fields)}) "
+                f"VALUES ({', '.join('?' for _ in fields)})",
                 self._rollout_row(rollout),
             )
         except sqlite3.IntegrityError as exc:
@@ -417,9 +481,8 @@ class ControllerStore:
     def _update_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> None:
         try:
             cur = db.execute(
-                "UPDATE rollouts SET model = ?, baseline_version = ?, canary_version = ?, "
-                "step_percents = ?, step_index = ?, canary_weight_bp = ?, state = ?, policy = ?, "
-                "started_at = ?, updated_at = ? WHERE id = ?",
+                f"UPDATE rollouts SET {', '.join(f'{f} = ?' for f in self._rollout_fields)} "
+                "WHERE id = ?",
                 (*self._rollout_row(rollout), rollout.id),
             )
         except sqlite3.IntegrityError as exc:
@@ -431,7 +494,7 @@ class ControllerStore:
 
     def get_rollout(self, rollout_id: int) -> RolloutRecord | None:
         rows = self._query(
-            f"SELECT {self._ROLLOUT_COLUMNS} FROM rollouts WHERE id = ?", (rollout_id,)
+            f"SELECT {self._rollout_columns} FROM rollouts WHERE id = ?", (rollout_id,)
         )
         return self._rollout_from(rows[0]) if rows else None
 
@@ -451,7 +514,7 @@ class ControllerStore:
             params.extend(wanted)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
-            f"SELECT {self._ROLLOUT_COLUMNS} FROM rollouts{clause} ORDER BY id", params
+            f"SELECT {self._rollout_columns} FROM rollouts{clause} ORDER BY id", params
         )
         return [self._rollout_from(r) for r in rows]
 
@@ -462,29 +525,30 @@ class ControllerStore:
         with self._transaction() as db:
             return self._insert_decision(db, decision)
 
-    @staticmethod
-    def _insert_decision(db: sqlite3.Connection, decision: DecisionRecord) -> DecisionRecord:
+    def _insert_decision(self, db: sqlite3.Connection, decision: DecisionRecord) -> DecisionRecord:
         statistics = {k: float(v) for k, v in decision.statistics.items()}
+        fields = self._decision_columns.split(", ")[1:]  # all but id
+        values = (
+            decision.rollout_id,
+            decision.model,
+            str(DecisionAction(decision.action)),
+            decision.reason,
+            decision.from_percent,
+            decision.to_percent,
+            decision.baseline.to_json() if decision.baseline else None,
+            decision.canary.to_json() if decision.canary else None,
+            decision.decided_at,
+            decision.detail,
+            # Non-finite statistics (an infinite likelihood ratio) are stored as JSON's
+            # extension tokens, which json.loads reads back.
+            json.dumps(statistics, sort_keys=True),
+            int(decision.needed_requests),
+            int(bool(decision.applied)),
+        )[: len(fields)]
         cur = db.execute(
-            "INSERT INTO rollout_decisions (rollout_id, model, action, reason, from_percent, "
-            "to_percent, baseline_metrics, canary_metrics, decided_at, detail, statistics, "
-            "needed_requests) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                decision.rollout_id,
-                decision.model,
-                str(DecisionAction(decision.action)),
-                decision.reason,
-                decision.from_percent,
-                decision.to_percent,
-                decision.baseline.to_json() if decision.baseline else None,
-                decision.canary.to_json() if decision.canary else None,
-                decision.decided_at,
-                decision.detail,
-                # Non-finite statistics (an infinite likelihood ratio) are stored as JSON's
-                # extension tokens, which json.loads reads back.
-                json.dumps(statistics, sort_keys=True),
-                int(decision.needed_requests),
-            ),
+            f"INSERT INTO rollout_decisions ({', '.join(fields)}) "
+            f"VALUES ({', '.join('?' for _ in fields)})",
+            values,
         )
         assert cur.lastrowid is not None
         return replace(decision, id=int(cur.lastrowid), statistics=statistics)
@@ -505,7 +569,7 @@ class ControllerStore:
             params.append(rollout_id)
         clause = f" WHERE {' AND '.join(where)}" if where else ""
         rows = self._query(
-            f"SELECT {self._DECISION_COLUMNS} FROM rollout_decisions{clause} "
+            f"SELECT {self._decision_columns} FROM rollout_decisions{clause} "
             "ORDER BY id DESC LIMIT ?",
             (*params, limit),
         )
@@ -514,7 +578,7 @@ class ControllerStore:
     def latest_decisions(self) -> dict[int, DecisionRecord]:
         """The latest decision of every rollout that has one, by rollout id."""
         rows = self._query(
-            f"SELECT {self._DECISION_COLUMNS} FROM rollout_decisions WHERE id IN "
+            f"SELECT {self._decision_columns} FROM rollout_decisions WHERE id IN "
             "(SELECT MAX(id) FROM rollout_decisions GROUP BY rollout_id)"
         )
         return {d.rollout_id: d for d in map(self._decision_from, rows)}
@@ -527,11 +591,6 @@ class ControllerStore:
             (model, model),
         )
         return bool(rows[0][0])
-
-    _DECISION_COLUMNS = (
-        "id, rollout_id, model, action, reason, from_percent, to_percent, baseline_metrics, "
-        "canary_metrics, decided_at, detail, statistics, needed_requests"
-    )
 
     @staticmethod
     def _decision_from(r: tuple[Any, ...]) -> DecisionRecord:
@@ -549,6 +608,7 @@ class ControllerStore:
             detail=r[10],
             statistics={str(k): float(v) for k, v in json.loads(r[11]).items()},
             needed_requests=int(r[12]),
+            applied=bool(r[13]) if len(r) > len(_DECISION_FIELDS) else True,
         )
 
     # -- stable versions ----------------------------------------------------------------------

@@ -1,12 +1,19 @@
 """``halcyon rollout``: ship a new model version from the command line.
 
 What it decides: how an operator drives the rollout RPCs — ``start``, ``status``, ``promote``,
-``abort``, ``history``, ``watch`` and ``verify`` (:mod:`halcyon.rollout_verify`) — and how the
-answers read: aligned tables by default, ``--json`` for scripts (one object; ``watch`` prints
-one object per line as decisions arrive). Every failure is one line on stderr — the status, the
-``ErrorInfo`` reason and the controller's message, which says what to do — and a non-zero exit
-(1), never a traceback. ``watch --until-done`` and ``start --watch`` exit 0 when the canary is
-promoted and 3 when it is rolled back or aborted, so a deploy script can branch on the outcome.
+``abort``, the gates ``pause``, ``resume`` and ``approve`` (issue #20), ``history``, ``watch``
+and ``verify`` (:mod:`halcyon.rollout_verify`) — and how the answers read: aligned tables by
+default, ``--json`` for scripts (one object; ``watch`` prints one object per line as decisions
+arrive). Every failure is one line on stderr — the status, the ``ErrorInfo`` reason and the
+controller's message, which says what to do — and a non-zero exit (1), never a traceback.
+``watch --until-done`` and ``start --watch`` exit 0 when the canary is promoted and 3 when it is
+rolled back or aborted, so a deploy script can branch on the outcome; for an analysis-only
+rollout the same codes say what the judge *would* have done (0: it would promote).
+
+Gate state shows wherever a rollout does: ``status`` has a ``gates`` column (``paused``,
+``no-auto-rollback``, ``awaiting_approval``, ``approval=…``, ``analysis-only``), and a decision
+an analysis-only rollout recorded but did not apply prints its action in parentheses, e.g.
+``(advance)``, in ``history`` and ``watch``.
 
 The operator credential comes from ``--operator-token-file PATH`` or ``$HALCYON_OPERATOR_TOKEN``
 (there is deliberately no flag that takes the secret itself: command lines are visible to every
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import textwrap
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -66,6 +74,15 @@ _STATE = {
     control_pb2.ROLLOUT_STATE_PROMOTED: "promoted",
     control_pb2.ROLLOUT_STATE_ROLLED_BACK: "rolled back",
     control_pb2.ROLLOUT_STATE_ABORTED: "aborted",
+    control_pb2.ROLLOUT_STATE_ANALYZED: "analyzed",
+}
+_APPROVAL = {
+    "promotion": control_pb2.APPROVAL_MODE_PROMOTION,
+    "every-step": control_pb2.APPROVAL_MODE_EVERY_STEP,
+}
+_APPROVAL_NAMES = {
+    control_pb2.APPROVAL_MODE_PROMOTION: "promotion",
+    control_pb2.APPROVAL_MODE_EVERY_STEP: "every-step",
 }
 
 _EPILOG = """\
@@ -75,7 +92,10 @@ examples (against `make stack`):
   halcyon rollout history llama-3-8b --limit 20
   halcyon rollout watch llama-3-8b --replay 5
   halcyon rollout abort llama-3-8b --reason "error budget"
-  halcyon rollout verify          # ships three candidates against the running stack
+  halcyon rollout start llama-3-8b v2 --require-approval   # then: halcyon rollout approve
+  halcyon rollout start llama-3-8b v2 --analysis-only      # a dry run: judged, never routed
+  halcyon rollout pause llama-3-8b --no-auto-rollback; halcyon rollout resume llama-3-8b
+  halcyon rollout verify          # ships four candidates against the running stack
 
 credentials: the operator token from --operator-token-file PATH or $HALCYON_OPERATOR_TOKEN
 (the insecure dev token otherwise, with a warning).
@@ -100,6 +120,27 @@ def _arm(arm: control_pb2.ArmMetrics) -> str:
     )
 
 
+def action_name(d: control_pb2.RolloutDecision) -> str:
+    """The decision's action; in parentheses when it was recorded but not applied."""
+    name = ACTION_NAMES.get(d.action, "?")
+    return name if d.applied or d.action == control_pb2.DECISION_ACTION_HOLD else f"({name})"
+
+
+def gate_text(r: control_pb2.Rollout) -> str:
+    """The gates in force on a rollout, e.g. ``paused,no-auto-rollback``; ``-`` for none."""
+    gates = []
+    running = r.state == control_pb2.ROLLOUT_STATE_PROGRESSING
+    if running and r.paused:
+        gates.append("paused" if r.auto_rollback else "paused,no-auto-rollback")
+    if running and r.awaiting_approval:
+        gates.append("awaiting_approval")
+    if r.approval in _APPROVAL_NAMES:
+        gates.append(f"approval={_APPROVAL_NAMES[r.approval]}")
+    if r.analysis_only:
+        gates.append("analysis-only")
+    return ",".join(gates) or "-"
+
+
 def decision_row(d: control_pb2.RolloutDecision) -> list[str]:
     step = (
         f"{d.from_percent:g}→{d.to_percent:g}"
@@ -109,10 +150,12 @@ def decision_row(d: control_pb2.RolloutDecision) -> list[str]:
     detail = d.detail
     if d.needed_requests:
         detail += f" (needs {d.needed_requests} more requests)"
+    if not d.applied and d.action != control_pb2.DECISION_ACTION_HOLD:
+        detail = f"analysis only, not applied: {detail}"
     return [
         _clock(d.decided_at),
         f"#{d.rollout_id}",
-        ACTION_NAMES.get(d.action, "?"),
+        action_name(d),
         d.reason,
         step,
         _arm(d.baseline),
@@ -123,7 +166,7 @@ def decision_row(d: control_pb2.RolloutDecision) -> list[str]:
 
 DECISION_HEADERS = ("time", "rollout", "action", "reason", "canary %", "baseline", "canary", "")
 # Streams print a row at a time, so their columns are fixed (wide enough for typical rows).
-STREAM_WIDTHS = (8, 7, 8, 21, 8, 34, 40)
+STREAM_WIDTHS = (8, 7, 9, 21, 8, 34, 40)
 
 
 def stream_header() -> str:
@@ -146,16 +189,17 @@ def rollout_rows(rollouts: Iterable[control_pb2.Rollout]) -> list[list[str]]:
                 _STATE.get(r.state, "?"),
                 f"{r.step_index + 1}/{len(r.step_percents)}",
                 f"{r.canary_weight_bp / 100:g}",
+                gate_text(r),
                 _clock(r.started_at),
-                f"{ACTION_NAMES.get(last.action, '?')} {last.reason}: {last.detail}"
-                if last.reason
-                else "-",
+                f"{action_name(last)} {last.reason}: {last.detail}" if last.reason else "-",
             ]
         )
     return rows
 
 
-ROLLOUT_HEADERS = ("model", "rollout", "canary", "state", "step", "canary %", "started", "latest")
+ROLLOUT_HEADERS = (
+    "model", "rollout", "canary", "state", "step", "canary %", "gates", "started", "latest",
+)  # fmt: skip
 
 
 # -- subcommands ------------------------------------------------------------------------------
@@ -193,6 +237,8 @@ def cmd_start(console: Console, args: argparse.Namespace) -> int:
         canary_version=args.canary_version,
         step_percents=args.steps,
         policy=_policy(args),
+        approval=_APPROVAL.get(args.require_approval or "", control_pb2.APPROVAL_MODE_UNSPECIFIED),
+        analysis_only=args.analysis_only,
     )
     started = console.call(console.stub.StartRollout, request).rollout
     if args.json and not args.watch:
@@ -260,6 +306,31 @@ def cmd_abort(console: Console, args: argparse.Namespace) -> int:
     return _show_rollout(console, args, done)
 
 
+def cmd_pause(console: Console, args: argparse.Namespace) -> int:
+    request = control_pb2.PauseRolloutRequest(
+        model=args.model, auto_rollback=args.auto_rollback, reason=args.reason
+    )
+    return _show_rollout(console, args, console.call(console.stub.PauseRollout, request).rollout)
+
+
+def cmd_resume(console: Console, args: argparse.Namespace) -> int:
+    request = control_pb2.ResumeRolloutRequest(model=args.model, reason=args.reason)
+    return _show_rollout(console, args, console.call(console.stub.ResumeRollout, request).rollout)
+
+
+def cmd_approve(console: Console, args: argparse.Namespace) -> int:
+    reply = console.call(
+        console.stub.ApproveRollout, control_pb2.ApproveRolloutRequest(model=args.model)
+    )
+    if args.json:
+        console.emit_json(reply)
+        return 0
+    print(table(ROLLOUT_HEADERS, rollout_rows([reply.rollout])))
+    print()
+    print(table(DECISION_HEADERS, [decision_row(reply.decision)]))
+    return 0
+
+
 def _show_rollout(console: Console, args: argparse.Namespace, r: control_pb2.Rollout) -> int:
     if args.json:
         console.emit_json(r)
@@ -294,6 +365,8 @@ def follow(console: Console, model: str, *, replay: int, until_done: bool, as_js
         else:
             print(stream_row(d), flush=True)
         if until_done and d.action in _TERMINAL:
+            # An analysis-only verdict (applied false) ends the rollout too: 0 if it would
+            # have promoted.
             return 0 if d.action == control_pb2.DECISION_ACTION_PROMOTE else EXIT_NOT_PROMOTED
     raise CliError("the controller ended the decision stream (shutting down?)")
 
@@ -366,7 +439,8 @@ def _policy_flags(parser: argparse.ArgumentParser) -> None:
         "--unhealthy-windows",
         type=count_at_least(1),
         metavar="N",
-        help=f"unhealthy windows in a row to roll back [{d.unhealthy_windows_to_rollback}]",
+        help="deprecated, accepted and ignored: an unhealthy window holds the step, and only "
+        "the sequential tests roll back (ADR 0008)",
     )
     g.add_argument(
         "--max-duration",
@@ -380,6 +454,11 @@ def _policy_flags(parser: argparse.ArgumentParser) -> None:
         metavar="P",
         help=f"chance the sequential tests roll back a healthy canary [{d.false_alarm_rate:g}]",
     )
+
+
+def _wrapped(text: str) -> str:
+    """A description for a raw-formatted parser (its epilog keeps its line breaks)."""
+    return textwrap.fill(text, width=90)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -408,6 +487,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="then stream decisions until promoted (exit 0) or rolled back/aborted (exit 3)",
     )
+    gates = start.add_argument_group("gates")
+    gates.add_argument(
+        "--require-approval",
+        nargs="?",
+        const="promotion",
+        choices=sorted(_APPROVAL),
+        metavar="promotion|every-step",
+        help="wait for `halcyon rollout approve MODEL` before promoting (the default, "
+        "=promotion) or before every step and the promotion (=every-step); the rollout shows "
+        "awaiting_approval meanwhile",
+    )
+    gates.add_argument(
+        "--analysis-only",
+        action="store_true",
+        help="a dry run: judge and record every decision with its evidence, but keep the "
+        "canary at the first step's share and never promote; ends as `analyzed`",
+    )
     _policy_flags(start)
 
     status = sub.add_parser("status", help="running rollouts and routing")
@@ -419,6 +515,56 @@ def configure(parser: argparse.ArgumentParser) -> None:
     abort = sub.add_parser("abort", help="send all traffic back to the baseline now")
     abort.add_argument("model")
     abort.add_argument("--reason", default="", help="stored with the decision")
+
+    pause = sub.add_parser(
+        "pause",
+        help="hold the canary's weight; judging continues",
+        description=_wrapped(
+            "Hold the canary's weight where it is: the judge keeps judging and every "
+            "decision is still stored, but no step advances and nothing is promoted until "
+            "`halcyon rollout resume`. A proven regression still rolls back unless "
+            "--no-auto-rollback. Survives a controller restart."
+        ),
+        epilog="example:\n  halcyon rollout pause llama-3-8b --reason 'change freeze'\n"
+        "  halcyon rollout pause llama-3-8b --no-auto-rollback   # I will decide myself",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pause.add_argument("model")
+    pause.add_argument(
+        "--no-auto-rollback",
+        dest="auto_rollback",
+        action="store_false",
+        help="while paused, hold a proven regression (reason rollback_held) for you to abort "
+        "or resume, instead of rolling back",
+    )
+    pause.add_argument("--reason", default="", help="stored with the decision")
+    resume = sub.add_parser(
+        "resume",
+        help="lift a pause: continue from where the rollout was",
+        description=_wrapped(
+            "Lift a pause: the judge moves traffic on its verdicts again, from the "
+            "step the rollout was paused at."
+        ),
+        epilog="example:\n  halcyon rollout resume llama-3-8b --reason 'freeze over'",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    resume.add_argument("model")
+    resume.add_argument("--reason", default="", help="stored with the decision")
+    approve = sub.add_parser(
+        "approve",
+        help="let a rollout awaiting approval take its next move",
+        description=_wrapped(
+            "A rollout started with --require-approval stops when the judge has proven "
+            "the step healthy (status shows awaiting_approval); approve lets it take that "
+            "move: the promotion, or with --require-approval=every-step the next step. Refused "
+            "(ROLLOUT_NOT_AWAITING_APPROVAL) when nothing waits."
+        ),
+        epilog="example:\n  halcyon rollout start llama-3-8b v2 --require-approval\n"
+        "  halcyon rollout status llama-3-8b      # gates: awaiting_approval\n"
+        "  halcyon rollout approve llama-3-8b",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    approve.add_argument("model")
 
     history = sub.add_parser("history", help="stored decisions with their evidence")
     history.add_argument("model", nargs="?", help="only this model")
@@ -447,18 +593,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
     verify = sub.add_parser(
         "verify",
-        help="ship a faster, an erroring and a slow candidate against a running stack",
-        description="Drive load at a running stack (make stack) and ship three candidates in "
+        help="ship a faster, an erroring, a slow and an A/A candidate against a running stack",
+        description="Drive load at a running stack (make stack) and ship four candidates in "
         "turn: the fastest non-stable registered version (the stack's v2; promoted), then, "
         "against that new baseline, a replica failing 5%% of batches (rolled back on "
-        "error_rate) and one 1.5x slower (rolled back on latency). Starts and stops the extra "
-        "workers itself, prints the decision trails, restores the original stable version, "
-        "and exits 0 only if all three ended as expected (3 otherwise).",
+        "error_rate), one 1.5x slower (rolled back on latency), and an A/A twin of the "
+        "baseline with transient batch faults at the same rate on both arms (promoted). "
+        "Starts and stops the extra workers itself, prints the decision trails, restores the "
+        "original stable version, and exits 0 only if all four ended as expected (3 "
+        "otherwise).",
     )
     from halcyon.rollout_verify import configure as configure_verify
 
     configure_verify(verify)
-    for p in (start, status, promote, abort, history, watch, verify):
+    for p in (start, status, promote, abort, pause, resume, approve, history, watch, verify):
         add_controller_flags(p)
 
 
@@ -467,6 +615,9 @@ _COMMANDS: dict[str, Callable[[Console, argparse.Namespace], int]] = {
     "status": cmd_status,
     "promote": cmd_promote,
     "abort": cmd_abort,
+    "pause": cmd_pause,
+    "resume": cmd_resume,
+    "approve": cmd_approve,
     "history": cmd_history,
     "watch": cmd_watch,
     "verify": cmd_verify,

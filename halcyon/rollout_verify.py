@@ -1,6 +1,6 @@
 """``halcyon rollout verify``: prove the rollout controller on a running stack, live.
 
-What it decides: the experiment. Under steady open-loop load it ships three candidates in
+What it decides: the experiment. Under steady open-loop load it ships four candidates in
 turn and checks each ends as it must:
 
 1. **faster** — the fastest registered version that is not stable and is faster than the
@@ -9,25 +9,38 @@ turn and checks each ends as it must:
 2. **faulty** — a worker it starts that fails 5 % of its batches (``--fail-rate 0.05``):
    rolled back, reason ``error_rate``;
 3. **slow** — a worker it starts with a 1.5x slowdown (``--slowdown 1.5``): rolled back on
-   latency (reason ``latency``, or ``latency_rank`` when the rank test proves it first).
+   latency (reason ``latency``, or ``latency_rank`` when the rank test proves it first);
+4. **aa** — an A/A pair: the baseline's own behaviour under a new name (``<baseline>-aa``),
+   with transient batch faults (``--aa-fail-rate``, 1 % of batches) on *both* arms: promoted.
+   It proves the judge does not roll back a canary for the faults its baseline has too.
 
-Order and baseline: the faster candidate goes first, so the two bad ones are judged against
-its promoted version — one replica on one kind of device. The bad workers copy that replica's
-speed and hardware, so the only difference the judge can see is the fault injected; judged
-against v1 (a 1.0x and a 0.6x replica) a 1.5x-slow 1.0x replica would be no slower than the
-straggler already in the baseline. The steps (20 then 50 %) end on an equal split so, whatever
-happened at 20 %, each arm's replica carries the same load when it matters; short windows keep
-the whole run around a minute.
+Order and baseline: the faster candidate goes first, so the others are judged against its
+promoted version — one replica on one kind of device. The workers it starts copy that
+replica's speed and hardware, so the only difference the judge can see is the fault injected;
+judged against v1 (a 1.0x and a 0.6x replica) a 1.5x-slow 1.0x replica would be no slower than
+the straggler already in the baseline. The steps (20 then 50 %) end on an equal split so,
+whatever happened at 20 %, each arm's replica carries the same load when it matters; short
+windows keep the whole run around a minute and a half.
+
+The A/A pair is a true one: verify starts a *twin* of the baseline version with the same
+``--fail-rate``, waits until the gateway sends it work, then drains the stack's own baseline
+replica(s) (``DrainReplica``, the operator credential) so the baseline arm is served by the
+faulty twin alone, and ships the aa candidate with that same rate. It goes last so the faulty
+and slow candidates are judged against a fault-free baseline. Afterwards, whatever happened:
+if aa was promoted the baseline version is made stable again (an operator promote) while the
+aa worker still serves; the aa worker stops; the drained replicas are undrained and verify
+waits for them to serve before it stops the twin — so the stable version always has a replica.
 
 Load is open loop (Poisson, ``--rate``) with a fresh session key per request, so each arm's
 share of requests is its weight. Outcomes seen by this client are tallied per candidate — the
-requests that failed while a bad candidate was live are what a user would have seen.
+requests that failed while a candidate was live are what a user would have seen.
 
 It starts the extra workers itself (the fleet credential goes to them in the environment,
-never on a command line), stops every one of them whatever happens, prints the decision trails
-and a summary, and — unless ``--keep-promoted`` — gives the model back its original stable
-version at the end (a rollout of it promoted at once by the operator), so it can run again.
-Exit 0 only if all three ended as expected; 3 otherwise.
+never on a command line; :mod:`halcyon.rollout_verify_workers`), stops every one of them and
+undrains every replica it drained whatever happens (Ctrl-C and SIGTERM included), prints the
+decision trails and a summary, and — unless ``--keep-promoted`` — gives the model back its
+original stable version at the end (a rollout of it promoted at once by the operator), so it
+can run again. Exit 0 only if all four ended as expected; 3 otherwise.
 """
 
 from __future__ import annotations
@@ -39,7 +52,6 @@ import math
 import os
 import random
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -54,7 +66,7 @@ import grpc
 
 from common import keepalive
 from common.argtypes import hostport, positive, probability
-from common.credentials import DEV_FLEET_TOKEN, DEV_MODE_ENV, FLEET_TOKEN_ENV
+from common.credentials import DEV_FLEET_TOKEN, FLEET_TOKEN_ENV
 from common.durations import to_duration
 from common.errors import parse_rpc_error
 from halcyon.operator_cli import CliError, Console, as_dict, read_secret, table
@@ -66,6 +78,7 @@ from halcyon.rollout import (
     stream_header,
     stream_row,
 )
+from halcyon.rollout_verify_workers import Drains, Workers
 from halcyon.v1 import control_pb2, infer_pb2, infer_pb2_grpc
 
 __all__ = ["configure", "verify"]
@@ -135,6 +148,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=1.5,
         metavar="X",
         help="slowdown of the slow candidate (default 1.5)",
+    )
+    parser.add_argument(
+        "--aa-fail-rate",
+        type=probability,
+        default=0.01,
+        metavar="P",
+        help="batch failure rate on both arms of the A/A candidate (default 0.01): a twin of "
+        "the baseline with these faults serves the baseline arm, the baseline's own replicas "
+        "drained meanwhile, and the candidate is the same worker under a new version name; its "
+        "promotion proves the judge does not roll back a canary for faults its baseline has too",
     )
     parser.add_argument(
         "--rollout-timeout",
@@ -240,85 +263,6 @@ class Load:
         self._channel.close()
 
 
-# -- workers it starts ------------------------------------------------------------------------
-
-
-@dataclass
-class Worker:
-    version: str
-    proc: subprocess.Popen[bytes]
-    ready_file: Path
-    log: IO[bytes]
-    replica_id: str
-
-
-class Workers:
-    """The candidate workers verify starts; :meth:`stop_all` stops every one of them."""
-
-    def __init__(self, args: argparse.Namespace, state_dir: Path, fleet_token: str) -> None:
-        self._args = args
-        self._dir = state_dir
-        self._env = {**os.environ, FLEET_TOKEN_ENV: fleet_token}
-        if fleet_token == DEV_FLEET_TOKEN:
-            # A worker accepts the public dev token only in development mode (loopback only),
-            # which is what `halcyon stack` runs in.
-            self._env[DEV_MODE_ENV] = "1"
-        self._running: list[Worker] = []
-
-    def start(self, version: str, like: control_pb2.FleetMember, *fault: str) -> Worker:
-        replica_id = f"verify-{version}-{os.getpid()}"
-        ready = self._dir / f"{replica_id}.ready.json"
-        ready.unlink(missing_ok=True)
-        log = open(self._dir / f"{replica_id}.log", "wb")  # noqa: SIM115 - closed in stop()
-        argv = [
-            sys.executable, "-m", "halcyon", "worker",
-            "--controller", self._args.controller,
-            "--listen", "127.0.0.1:0", "--metrics-listen", "off",
-            "--ready-file", str(ready),
-            "--replica-id", replica_id,
-            "--model", like.replica.model,
-            "--version", version,
-            "--hardware", like.replica.hardware,
-            "--speed", repr(like.replica.speed),
-            "--slots", str(like.replica.slots or 1),
-            "--seed", str(os.getpid() % 10_000),
-            *fault,
-        ]  # fmt: skip
-        # The fleet credential travels in the environment: never on a command line.
-        proc = subprocess.Popen(
-            argv, env=self._env, stdout=log, stderr=log, stdin=subprocess.DEVNULL
-        )
-        worker = Worker(version, proc, ready, log, replica_id)
-        self._running.append(worker)
-        deadline = time.monotonic() + 20.0
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise CliError(
-                    f"the {version} worker exited with {proc.returncode}; see "
-                    f"{self._dir / (replica_id + '.log')}"
-                )
-            if time.monotonic() > deadline:
-                raise CliError(f"the {version} worker was not ready within 20 s")
-            time.sleep(0.05)
-        return worker
-
-    def stop(self, worker: Worker) -> None:
-        if worker.proc.poll() is None:
-            worker.proc.send_signal(signal.SIGTERM)
-            try:
-                worker.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                worker.proc.kill()
-                worker.proc.wait()
-        worker.log.close()
-        with contextlib.suppress(ValueError):
-            self._running.remove(worker)
-
-    def stop_all(self) -> None:
-        for worker in list(self._running):
-            self.stop(worker)
-
-
 # -- the experiment ---------------------------------------------------------------------------
 
 
@@ -343,15 +287,27 @@ class Outcome:
         return self.action == "rollback" and self.reason.startswith(want)
 
 
+def _output(args: argparse.Namespace) -> IO[str]:
+    """Trails go to stderr under --json, so stdout stays one JSON document."""
+    return sys.stderr if args.json else sys.stdout
+
+
 class Experiment:
-    def __init__(self, console: Console, args: argparse.Namespace, load: Load, workers: Workers):
+    def __init__(
+        self,
+        console: Console,
+        args: argparse.Namespace,
+        load: Load,
+        workers: Workers,
+        drains: Drains,
+    ):
         self.console = console
         self.args = args
         self.load = load
         self.workers = workers
+        self.drains = drains
         self.model = args.model
-        # Trails go to stderr under --json, so stdout stays one JSON document.
-        self.out = sys.stderr if args.json else sys.stdout
+        self.out = _output(args)
 
     def say(self, text: str) -> None:
         print(text, file=self.out, flush=True)
@@ -475,6 +431,16 @@ class Experiment:
                 raise CliError(f"the {version} worker did not register with the controller")
             time.sleep(0.1)
 
+    def wait_serving(self, replica_id: str) -> None:
+        """Until the controller shows ``replica_id`` has run batches: a gateway routes to it."""
+        deadline = time.monotonic() + 15.0
+        while not any(
+            m.replica.replica_id == replica_id and m.load.batches_total > 0 for m in self.members()
+        ):
+            if time.monotonic() > deadline:
+                raise CliError(f"{replica_id} registered but no gateway sent it a batch in 15 s")
+            time.sleep(0.1)
+
     def restore(self, original: str) -> None:
         """Give the model back its original stable version: a rollout promoted at once."""
         if self.stable() == original:
@@ -490,6 +456,36 @@ class Experiment:
             self.console.stub.PromoteRollout, control_pb2.PromoteRolloutRequest(model=self.model)
         )
         self.say(f"\nrestored {original} as the stable version of {self.model} (operator promote)")
+
+    def ship_aa(self, baseline: str, like: control_pb2.FleetMember) -> Outcome:
+        """The A/A candidate: ``baseline`` under a new name, the same batch faults on both arms.
+
+        The nesting is the cleanup order (module docstring): the aa version gives the stable
+        place back while its worker serves, and the drained replicas serve again before the
+        twin that covered for them is stopped."""
+        version = f"{baseline}-aa"
+        fault = ("--fail-rate", repr(self.args.aa_fail_rate))
+        own = [m.replica.replica_id for m in self.members(baseline)]
+        # Both start at once; the aa worker takes no traffic before its rollout starts.
+        twin = self.workers.spawn(baseline, like, *fault, role="twin")
+        aa = self.workers.spawn(version, like, *fault)
+        try:
+            self.workers.wait_ready(twin)
+            self.wait_serving(twin.replica_id)
+            try:
+                for replica_id in own:
+                    self.drains.drain(replica_id)
+                self.workers.wait_ready(aa)
+                self.wait_registered(version)
+                return self.ship(Outcome("aa", version, "promote"))
+            finally:
+                try:
+                    if self.stable() == version:
+                        self.restore(baseline)
+                finally:
+                    self.drains.undrain_all()
+        finally:
+            self.workers.retire(aa, twin)
 
     def run(self) -> list[Outcome]:
         original = self.stable()
@@ -516,7 +512,8 @@ class Experiment:
                 self.wait_registered(version)
                 outcomes.append(self.ship(Outcome(name, version, "rollback")))
             finally:
-                self.workers.stop(worker)
+                self.workers.retire(worker)
+        outcomes.append(self.ship_aa(baseline, like))
         self.load.stop()
         if not self.args.keep_promoted:
             self.restore(original)
@@ -558,6 +555,8 @@ def verify(console: Console, args: argparse.Namespace) -> int:
     state_dir = args.state_dir or Path(tempfile.mkdtemp(prefix="halcyon-verify-"))
     state_dir.mkdir(parents=True, exist_ok=True)
     workers = Workers(args, state_dir, fleet_token)
+    out = _output(args)
+    drains = Drains(console, lambda text: print(text, file=out, flush=True))
     load = Load(args)
     previous = signal.getsignal(signal.SIGTERM)
 
@@ -566,10 +565,15 @@ def verify(console: Console, args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
-        outcomes = Experiment(console, args, load, workers).run()
+        outcomes = Experiment(console, args, load, workers, drains).run()
     finally:
         load.stop()
-        workers.stop_all()
+        # Normally already done by the A/A candidate's own cleanup; after an error or a signal
+        # in the middle of it, here: the drained replicas first, then the workers.
+        try:
+            drains.undrain_all(wait=False)
+        finally:
+            workers.stop_all()
         signal.signal(signal.SIGTERM, previous)
     if args.json:
         print(json.dumps([_outcome_json(o) for o in outcomes], sort_keys=True))

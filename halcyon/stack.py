@@ -61,10 +61,10 @@ from halcyon.stack_supervisor import (
     StackError,
     _exit_text,
     _flags,
-    _parent_death_signal,
     _say,
     _Signals,
     _StopRequested,
+    parent_death_signal,
 )
 
 __all__ = [
@@ -100,12 +100,12 @@ __all__ = [
     "_exit_text",
     "_flags",
     "_make_state_dir",
-    "_parent_death_signal",
     "_say",
     "_tool",
     "_write_private",
     "configure",
     "describe_stack",
+    "parent_death_signal",
     "remove_stale_state_dirs",
     "run",
 ]

@@ -77,8 +77,8 @@ def _exit_text(code: int) -> str:
     return f"exited with code {code}"
 
 
-def _parent_death_signal(parent_pid: int) -> Callable[[], None]:
-    """A ``preexec_fn``: the child gets SIGKILL when the stack dies, however it dies."""
+def parent_death_signal(parent_pid: int) -> Callable[[], None]:
+    """A ``preexec_fn``: the child gets SIGKILL when its parent dies, however it dies."""
     libc = ctypes.CDLL(None, use_errno=True) if sys.platform.startswith("linux") else None
 
     def preexec() -> None:
@@ -146,7 +146,7 @@ class Stack:
         self.controller: Child | None = None
         self.workers: list[Child] = []
         self.gateway: Child | None = None
-        self._preexec = _parent_death_signal(os.getpid())
+        self._preexec = parent_death_signal(os.getpid())
 
     @property
     def children(self) -> list[Child]:

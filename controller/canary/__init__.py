@@ -7,6 +7,7 @@ sequential tests that roll a clearly bad canary back as soon as the evidence pro
 stated false-alarm rate. No gRPC, no sockets, no wall clock: time is a float the caller passes.
 """
 
+from controller.canary.gates import ApprovalMode, Gates, NotAwaitingApproval
 from controller.canary.model import (
     ArmEvidence,
     ArmSummary,
@@ -21,11 +22,14 @@ from controller.canary.steps import DEFAULT_STEPS, InvalidSteps, normalize_steps
 
 __all__ = [
     "DEFAULT_STEPS",
+    "ApprovalMode",
     "ArmEvidence",
     "ArmSummary",
     "Decision",
+    "Gates",
     "InvalidSteps",
     "JudgePolicy",
+    "NotAwaitingApproval",
     "RolloutAction",
     "RolloutPhase",
     "RolloutRun",

@@ -15,9 +15,12 @@ The statistic. Cut the baseline's possible rates into intervals by a fine geomet
   below ``g`` (``0.5 g`` … ``0.95 g``) to ``g``, with most of the weight (0.7) kept on not betting
   at all. Where the baseline's data cannot tell ``p_b`` from ``g`` it stays near 0 (never
   below ``log 0.7``), and it climbs as they exclude ``g``.
-* ``C(c)``: log of an e-process for the canary against "``p_c ≤ c``": the average over a grid
-  of odds ratios ``k`` of ``∏ k^x / (1 − c + k·c)``
-  (:func:`~controller.canary.stats.odds_log_evidence`).
+* ``C(c)``: log of an e-process for the canary against "``p_c ≤ c``": weight
+  :data:`CANARY_NO_BET` on not betting, the rest on the average over a grid of odds ratios
+  ``k`` of ``∏ k^x / (1 − c + k·c)`` (:func:`~controller.canary.stats.odds_log_evidence`).
+
+The counts are *clusters* — batches (a failed batch is one failure, whatever its size) and
+each look's sheds as one — because those are what fail independently (ADR 0008).
 
 Why it is valid. Under the null the true ``p_b`` lies in some interval ``[g_j, g_{j+1}]``;
 ``B(g_j)`` is then a nonnegative supermartingale (``p_b ≥ g_j``), and so is ``C(L(g_{j+1}))``
@@ -56,6 +59,7 @@ from controller.canary.stats import log_mean_exp, odds_log_evidence, odds_log_ev
 __all__ = [
     "BASELINE_FRACTIONS",
     "BASELINE_NO_BET",
+    "CANARY_NO_BET",
     "RATE_GRID",
     "Counts",
     "ErrorRateEvidence",
@@ -79,6 +83,20 @@ RATE_GRID: FloatArray = np.geomspace(
 # these fractions of g, and the weight kept on "no bet" (an e-value of 1).
 BASELINE_FRACTIONS: tuple[float, ...] = (0.5, 0.7, 0.85, 0.95)
 BASELINE_NO_BET = 0.7
+# The weight the canary's e-process keeps on "no bet" (an e-value of 1): without it, ``C(L(g))``
+# for a baseline rate ``g`` far above the truth sinks without bound as the canary's evidence
+# grows (the canary is plainly *below* that limit), and the minimum in ``S`` is taken there —
+# however strongly the baseline's data exclude ``g``. That happened as soon as the arms were
+# counted in batches: the baseline's larger batches give it fewer clusters per canary cluster
+# than it had requests, so ``B(g)`` no longer outgrew the canary's decay. With the floor,
+# ``C ≥ log 0.1``, and it costs ``log(1/0.9)`` ≈ 0.1 nats where the canary's evidence counts.
+CANARY_NO_BET = 0.1
+
+
+def _with_no_bet(log_e: FloatArray) -> FloatArray:
+    """Mix e-processes with the constant 1 at weight :data:`CANARY_NO_BET` (still e-processes)."""
+    mixed: FloatArray = np.logaddexp(math.log(CANARY_NO_BET), math.log1p(-CANARY_NO_BET) + log_e)
+    return mixed
 
 
 def rate_floor_log_evidence(failures: int, trials: int, rates: FloatArray) -> FloatArray:
@@ -140,13 +158,14 @@ class ErrorRateTest:
         if baseline.requests == 0:
             return self.log_e_value(baseline, canary).log_e
         limit = error_limit(baseline.failures / baseline.requests, self._policy)
-        return odds_log_evidence(canary.failures, canary.requests, limit)
+        single = odds_log_evidence(canary.failures, canary.requests, limit)
+        return float(_with_no_bet(np.array([single]))[0])
 
     def log_e_value(self, baseline: Counts, canary: Counts) -> ErrorRateEvidence:
         """``S`` now, and the baseline rate (interval) where it is weakest."""
         terms = rate_floor_log_evidence(
             baseline.failures, baseline.requests, self._lowers
-        ) + odds_log_evidence_at(canary.failures, canary.requests, self._limits)
+        ) + _with_no_bet(odds_log_evidence_at(canary.failures, canary.requests, self._limits))
         weakest = int(np.argmin(terms))
         return ErrorRateEvidence(
             log_e=float(terms[weakest]),

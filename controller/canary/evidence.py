@@ -11,13 +11,15 @@ and binary search, which the per-tick sequential tests need.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import numpy.typing as npt
 
 from controller.canary.model import ArmEvidence, ArmSummary
 from controller.canary.stats import sorted_quantile
 
-__all__ = ["ArmAccumulator", "DecimatingSample"]
+__all__ = ["ArmAccumulator", "ClusterCounts", "DecimatingSample"]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -59,6 +61,14 @@ class DecimatingSample:
         return int(self._values.size)
 
 
+@dataclass(frozen=True)
+class ClusterCounts:
+    """An arm's clusters and the failed ones, as the error test's ``Counts``."""
+
+    failures: int
+    requests: int
+
+
 class ArmAccumulator:
     """One arm's evidence over a span of time (a window or a step)."""
 
@@ -66,13 +76,25 @@ class ArmAccumulator:
         self.requests = 0
         self.errors = 0
         self.shed = 0
+        self.clusters = 0
+        self.failed_clusters = 0
         self.sample = DecimatingSample(capacity)
 
     def add(self, evidence: ArmEvidence, latencies: FloatArray) -> None:
         self.requests += evidence.requests
         self.errors += evidence.errors
         self.shed += evidence.shed
+        self.clusters += evidence.clusters
+        self.failed_clusters += evidence.failed_clusters
         self.sample.add(latencies)
+
+    @property
+    def cluster_failure_rate(self) -> float:
+        """Failed clusters (batches, shed requests) over clusters: what the error test judges."""
+        return self.failed_clusters / self.clusters if self.clusters else 0.0
+
+    def cluster_counts(self) -> ClusterCounts:
+        return ClusterCounts(self.failed_clusters, self.clusters)
 
     @property
     def failures(self) -> int:

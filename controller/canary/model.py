@@ -79,6 +79,7 @@ class JudgePolicy:
     window_alpha: float = 0.01
     rank_min_effect: float = 0.05
     max_samples_per_arm: int = 4096
+    block_s: float = 1.0
 
     def __post_init__(self) -> None:
         checks: tuple[tuple[str, bool, str], ...] = (
@@ -110,6 +111,7 @@ class JudgePolicy:
             ("window_alpha", 0.0 < self.window_alpha < 1.0, "a probability in (0, 1)"),
             ("rank_min_effect", 0.0 <= self.rank_min_effect < 0.5, "in [0, 0.5)"),
             ("max_samples_per_arm", self.max_samples_per_arm >= 16, "at least 16"),
+            ("block_s", _finite(self.block_s) and self.block_s > 0, "a positive duration"),
         )
         for name, ok, wanted in checks:
             if not ok:
@@ -139,12 +141,20 @@ class ArmEvidence:
     ``errors`` failed requests (a failed batch of 20 is 20 errors); ``shed`` requests shed after
     version assignment (they count against the arm); ``latencies_s`` the latencies of the
     *answered* requests (ok and late) — possibly a sample of them.
+
+    ``batches`` and ``failed_batches`` say how the requests were *clustered*: the batches the
+    arm's replicas ran and how many of them failed (all their requests at once). The error test
+    judges clusters — batches, and the sheds of one look as one — because those fail
+    independently of each other while the requests of one batch do not (ADR 0008). Evidence
+    without batches (``batches == 0``) is taken as one cluster per request.
     """
 
     requests: int
     errors: int = 0
     shed: int = 0
     latencies_s: Sequence[float] | npt.NDArray[np.float64] = field(default=())
+    batches: int = 0
+    failed_batches: int = 0
 
     def __post_init__(self) -> None:
         if self.requests < 0 or self.errors < 0 or self.shed < 0:
@@ -159,6 +169,28 @@ class ArmEvidence:
         answered = self.requests - self.errors - self.shed
         if len(self.latencies_s) > answered:
             raise ValueError(f"{len(self.latencies_s)} latencies for {answered} answered requests")
+        if not 0 <= self.failed_batches <= self.batches:
+            raise ValueError(
+                f"failed_batches ({self.failed_batches}) must be in [0, batches ({self.batches})]"
+            )
+
+    @property
+    def clusters(self) -> int:
+        """Units that fail independently: the batches, and one for any sheds (see ``failed``)."""
+        if self.batches == 0:
+            return self.requests
+        return self.batches + (1 if self.shed else 0)
+
+    @property
+    def failed_clusters(self) -> int:
+        """Failed units: failed batches, and the sheds of this look as *one* failure.
+
+        A gateway sheds in bursts — an overloaded replica, a deadline no queue can meet — so
+        the requests it shed in one look (one controller tick) are one event, not hundreds.
+        """
+        if self.batches == 0:
+            return self.errors + self.shed
+        return self.failed_batches + (1 if self.shed else 0)
 
     @classmethod
     def empty(cls) -> ArmEvidence:
@@ -184,8 +216,11 @@ class Decision:
     ``reason`` is one of: ``healthy`` (ADVANCE / PROMOTE), ``awaiting_confirmation`` (a healthy
     window, streak not yet long enough), ``insufficient_data`` (``needed_requests`` says how
     many more per arm), ``inconclusive`` (a breach that could be noise), ``error_rate``,
-    ``latency`` (p95), ``latency_rank`` (HOLD for an unhealthy window short of the streak, or
-    ROLLBACK), ``max_duration`` (ROLLBACK). ``baseline`` and ``canary`` summarise the window
+    ``latency`` (p95), ``latency_rank`` (ROLLBACK by a sequential test, or HOLD for an
+    unhealthy window), ``max_duration`` (ROLLBACK), and the gates' ``paused``,
+    ``awaiting_approval``, ``rollback_held`` (HOLD) and ``approved`` (ADVANCE / PROMOTE).
+    ``applied`` is False for the moves of an analysis-only rollout: recorded, never routed.
+    ``baseline`` and ``canary`` summarise the window
     judged — or, for a sequential rollback, the whole step. ``statistics`` holds the numbers
     behind the verdict (limits, ratios, p-values, e-values as logs, the budget ``alpha``).
     """
@@ -199,3 +234,4 @@ class Decision:
     canary: ArmSummary
     statistics: Mapping[str, float]
     needed_requests: int = 0
+    applied: bool = True

@@ -13,14 +13,28 @@ On every tick, in order:
    ``max_duration``: a rollout that could not prove the canary healthy in that time has not
    earned promotion, and rolling back is the outcome that needs no further evidence.
 2. **Sequential tests** (:mod:`controller.canary.sequential`) over the evidence of the current
-   step: the moment a guard's breach is proven, ROLLBACK — whatever the window.
+   step: the moment a guard's breach is proven, ROLLBACK — whatever the window. They are the
+   only way a canary is judged *bad*, so their false-alarm budget is the rollout's: the steps
+   share ``false_alarm_rate`` (:func:`~controller.canary.sequential.step_alpha`), and a step
+   resumed after a controller restart gets a tenth of what its previous run had left
+   (:func:`~controller.canary.sequential.segment_alpha`) rather than a fresh budget.
 3. **The window.** Once ``window_s`` has passed since the window began, it is judged
    (:mod:`controller.canary.window`). A data-sparse window answers HOLD ``insufficient_data``,
    touches no streak, and keeps accumulating (the next judgement is one window later), so a
-   quiet arm eventually gathers enough. A judged window moves a streak and a new window begins:
-   ``healthy_windows_to_advance`` healthy windows in a row ADVANCE to the next step (or PROMOTE
-   after the last), ``unhealthy_windows_to_rollback`` unhealthy ones in a row ROLLBACK; anything
-   short of that is a HOLD saying why.
+   quiet arm eventually gathers enough. A judged window moves the streak and a new window
+   begins: ``healthy_windows_to_advance`` healthy windows in a row ADVANCE to the next step (or
+   PROMOTE after the last); an unhealthy or inconclusive window restarts the streak and HOLDs,
+   saying why. Windows never roll back: a window's tests look once at a few seconds of
+   clustered evidence (a failed batch, a burst of slow requests) and cannot keep a stated
+   false-alarm rate over the hundreds of looks of a rollout (ADR 0008); a canary that never
+   earns its healthy windows is rolled back by ``max_duration``.
+
+The gates (:mod:`controller.canary.gates`) decide whether a verdict moves traffic: paused, a
+healthy streak HOLDs ``paused`` (and a proven regression is held once, ``rollback_held``, when
+auto-rollback is off); a move that needs approval HOLDs ``awaiting_approval`` once and waits
+for :meth:`RolloutRun.approve`; analysis-only records every decision with ``applied`` False and
+keeps routing the first step's share. Time spent paused or awaiting approval does not count
+towards ``max_duration``.
 
 A new step starts fresh windows, fresh streaks and fresh sequential evidence: the canary's
 behaviour can depend on its share of traffic (an under-provisioned canary is fine at 1 % and
@@ -37,6 +51,14 @@ import numpy as np
 import numpy.typing as npt
 
 from controller.canary.evidence import ArmAccumulator
+from controller.canary.gates import (
+    APPROVED,
+    AWAITING_APPROVAL,
+    PAUSED,
+    ROLLBACK_HELD,
+    Gates,
+    NotAwaitingApproval,
+)
 from controller.canary.model import (
     ArmEvidence,
     Decision,
@@ -44,7 +66,7 @@ from controller.canary.model import (
     RolloutAction,
 )
 from controller.canary.progress import StepProgress
-from controller.canary.sequential import SequentialTests, step_alpha
+from controller.canary.sequential import SequentialTests, segment_alpha, step_alpha
 from controller.canary.window import HEALTHY, INSUFFICIENT, Verdict, judge_window
 
 __all__ = ["RolloutRun"]
@@ -73,13 +95,25 @@ class RolloutRun(StepProgress):
         started_at: float,
         step_index: int = 0,
         resumed_at: float | None = None,
+        gates: Gates | None = None,
+        awaiting_approval: bool = False,
+        resumes_in_step: int = 0,
     ) -> None:
         super().__init__(steps, step_index)
+        if resumes_in_step < 0:
+            raise ValueError(f"resumes_in_step must be >= 0, got {resumes_in_step}")
         self.policy = policy
         self.started_at = float(started_at)
         self.healthy_streak = 0
         self.unhealthy_streak = 0
+        self._gates = gates or Gates()
+        self._resumes_in_step = resumes_in_step
         self._last_now = self.started_at if resumed_at is None else float(resumed_at)
+        self._awaiting = awaiting_approval
+        self._breach_held = False
+        # When a hold (paused, awaiting approval) began: held time is not the judge's time.
+        self._held_since: float | None = self._last_now if self._held() else None
+        self._tests_step = step_index
         self._begin_step(self._last_now)
 
     # -- state the shell reads (also: step_index, canary_percent, weight_bp, phase, done) ----
@@ -87,6 +121,91 @@ class RolloutRun(StepProgress):
     @property
     def window_started_at(self) -> float:
         return self._window_start
+
+    @property
+    def gates(self) -> Gates:
+        return self._gates
+
+    @property
+    def awaiting_approval(self) -> bool:
+        """The judge found the step healthy and waits for :meth:`approve`."""
+        return self._awaiting and not self.done
+
+    @property
+    def resumes_in_step(self) -> int:
+        """How many times the current step was resumed after a restart (0 once it advances)."""
+        return self._resumes_in_step
+
+    @property
+    def weight_bp(self) -> int:
+        """What the gateways route to the canary: analysis-only keeps the first step's share."""
+        if not self._gates.analysis_only:
+            return super().weight_bp
+        if self.done:
+            return 0
+        return max(0, min(10000, round(self.steps[0] * 100.0)))
+
+    # -- operator gates --------------------------------------------------------------------
+
+    def set_gates(self, gates: Gates, now: float) -> None:
+        """Pause or resume (``paused``, ``auto_rollback``); approval and analysis-only stay."""
+        now = self._advance_clock(now)
+        was_held = self._held()
+        self._gates = Gates(
+            paused=gates.paused,
+            auto_rollback=gates.auto_rollback,
+            approval=self._gates.approval,
+            analysis_only=self._gates.analysis_only,
+        )
+        if not gates.paused:
+            self._breach_held = False  # resumed: a held regression is acted on again
+        self._track_hold(was_held, now)
+
+    def approve(self, now: float) -> Decision:
+        """Apply the move the judge is waiting on (ADVANCE or PROMOTE, reason ``approved``)."""
+        now = self._advance_clock(now)
+        if not self.awaiting_approval:
+            where = (
+                "it has ended"
+                if self.done
+                else (
+                    f"it is at step {self.step_index + 1} of {len(self.steps)} "
+                    f"({self.canary_percent:g}%) and has not yet proven the step healthy"
+                )
+            )
+            raise NotAwaitingApproval(f"the rollout is not awaiting approval: {where}")
+        was_held = self._held()
+        self._awaiting = False
+        self._track_hold(was_held, now)
+        action = RolloutAction.PROMOTE if self.last_step else RolloutAction.ADVANCE
+        what = (
+            "promotion"
+            if action is RolloutAction.PROMOTE
+            else (f"the advance to {self.steps[self.step_index + 1]:g}%")
+        )
+        decision = self._decide(
+            action,
+            APPROVED,
+            f"an operator approved {what}",
+            self._window_baseline,
+            self._window_canary,
+            {},
+        )
+        if action is RolloutAction.ADVANCE:
+            self._begin_step(now)
+        return decision
+
+    def _held(self) -> bool:
+        return self._gates.paused or self._awaiting
+
+    def _track_hold(self, was_held: bool, now: float) -> None:
+        """Keep held time out of ``max_duration``: the deadline moves by the time held."""
+        held = self._held()
+        if held and not was_held:
+            self._held_since = now
+        elif was_held and not held and self._held_since is not None:
+            self.started_at += now - self._held_since
+            self._held_since = None
 
     # -- evidence and decisions ------------------------------------------------------------
 
@@ -98,17 +217,28 @@ class RolloutRun(StepProgress):
         b_lat, c_lat = _latencies(baseline), _latencies(canary)
         self._window_baseline.add(baseline, b_lat)
         self._window_canary.add(canary, c_lat)
-        self._tests.observe(baseline, canary, b_lat, c_lat)
+        self._tests.observe(baseline, canary, b_lat, c_lat, self._last_now)
 
     def tick(self, now: float) -> Decision | None:
         """The decision due at ``now``, or None when there is nothing to decide yet."""
         if self.done:
             return None
         now = self._advance_clock(now)
-        if now - self.started_at >= self.policy.max_duration_s:
+        if not self._held() and now - self.started_at >= self.policy.max_duration_s:
             return self._max_duration(now)
-        breach = self._tests.check()
+        breach = self._tests.check() if not self._breach_held else None
         if breach is not None:
+            if self._gates.paused and not self._gates.auto_rollback:
+                self._breach_held = True
+                return self._decide(
+                    RolloutAction.HOLD,
+                    ROLLBACK_HELD,
+                    f"{breach.detail}; auto-rollback is off while paused: holding at "
+                    f"{self.canary_percent:g}% for an operator to abort or resume",
+                    self._tests.baseline,
+                    self._tests.canary,
+                    {**breach.statistics, "held_reason_" + breach.reason: 1.0},
+                )
             return self._decide(
                 RolloutAction.ROLLBACK,
                 breach.reason,
@@ -117,7 +247,7 @@ class RolloutRun(StepProgress):
                 self._tests.canary,
                 breach.statistics,
             )
-        if now < self._next_judgement:
+        if self._awaiting or now < self._next_judgement:
             return None
         return self._judge(now)
 
@@ -131,9 +261,15 @@ class RolloutRun(StepProgress):
         return self._last_now
 
     def _begin_step(self, now: float) -> None:
+        if self.step_index != self._tests_step:
+            self._resumes_in_step = 0  # a new step: its budget has not been touched
+        self._tests_step = self.step_index
         self.healthy_streak = 0
         self.unhealthy_streak = 0
-        alpha = step_alpha(self.policy.false_alarm_rate, self.step_index, len(self.steps))
+        alpha = segment_alpha(
+            step_alpha(self.policy.false_alarm_rate, self.step_index, len(self.steps)),
+            self._resumes_in_step,
+        )
         self._tests = SequentialTests(self.policy, alpha)
         self._begin_window(now)
 
@@ -169,18 +305,8 @@ class RolloutRun(StepProgress):
             self.healthy_streak = 0
         stats["healthy_streak"] = float(self.healthy_streak)
         stats["unhealthy_streak"] = float(self.unhealthy_streak)
-        if self.unhealthy_streak >= self.policy.unhealthy_windows_to_rollback:
-            detail = f"{verdict.detail} ({self.unhealthy_streak} unhealthy windows in a row)"
-            return self._decide(
-                RolloutAction.ROLLBACK, verdict.reason, detail, baseline, canary, stats
-            )
         if self.healthy_streak >= self.policy.healthy_windows_to_advance:
-            detail = f"{verdict.detail}; healthy for {self.healthy_streak} windows in a row"
-            action = RolloutAction.PROMOTE if self.last_step else RolloutAction.ADVANCE
-            decision = self._decide(action, HEALTHY, detail, baseline, canary, stats)
-            if action is RolloutAction.ADVANCE:
-                self._begin_step(now)
-            return decision
+            return self._healthy_step(now, verdict.detail, baseline, canary, stats)
         self._begin_window(now)
         if verdict.verdict is Verdict.INCONCLUSIVE:
             reason, detail = verdict.reason, verdict.detail
@@ -193,10 +319,56 @@ class RolloutRun(StepProgress):
         else:
             reason = verdict.reason
             detail = (
-                f"{verdict.detail} (unhealthy window {self.unhealthy_streak} of "
-                f"{self.policy.unhealthy_windows_to_rollback})"
+                f"{verdict.detail}: an unhealthy window ({self.unhealthy_streak} in a row) "
+                "holds the step; only the sequential tests roll back"
             )
         return self._decide(RolloutAction.HOLD, reason, detail, baseline, canary, stats)
+
+    def _healthy_step(
+        self,
+        now: float,
+        verdict_detail: str,
+        baseline: ArmAccumulator,
+        canary: ArmAccumulator,
+        stats: dict[str, float],
+    ) -> Decision:
+        """The step is proven healthy: move on — unless a gate holds the move."""
+        detail = f"{verdict_detail}; healthy for {self.healthy_streak} windows in a row"
+        action = RolloutAction.PROMOTE if self.last_step else RolloutAction.ADVANCE
+        move = (
+            "promote"
+            if action is RolloutAction.PROMOTE
+            else (f"advance to {self.steps[self.step_index + 1]:g}%")
+        )
+        if self._gates.paused:
+            # Keep the streak: the first healthy window after a resume moves on.
+            self._begin_window(now)
+            return self._decide(
+                RolloutAction.HOLD,
+                PAUSED,
+                f"{detail}: would {move}, but the rollout is paused",
+                baseline,
+                canary,
+                stats,
+            )
+        if self._gates.needs_approval(action is RolloutAction.PROMOTE):
+            was_held = self._held()
+            self._awaiting = True
+            self._track_hold(was_held, now)
+            self._begin_window(now)
+            return self._decide(
+                RolloutAction.HOLD,
+                AWAITING_APPROVAL,
+                f"{detail}: ready to {move}; waiting for an operator's approval "
+                "(halcyon rollout approve)",
+                baseline,
+                canary,
+                stats,
+            )
+        decision = self._decide(action, HEALTHY, detail, baseline, canary, stats)
+        if action is RolloutAction.ADVANCE:
+            self._begin_step(now)
+        return decision
 
     def _max_duration(self, now: float) -> Decision:
         elapsed = now - self.started_at
@@ -224,6 +396,7 @@ class RolloutRun(StepProgress):
     ) -> Decision:
         """Apply ``action`` and describe it with the evidence it was taken on."""
         from_percent, to_percent = self._move(action)
+        moves = action is not RolloutAction.HOLD
         return Decision(
             action=action,
             reason=reason,
@@ -234,4 +407,5 @@ class RolloutRun(StepProgress):
             canary=canary.summary(),
             statistics=stats,
             needed_requests=needed,
+            applied=not (moves and self._gates.analysis_only),
         )

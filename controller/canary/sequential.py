@@ -33,9 +33,16 @@ import numpy.typing as npt
 from controller.canary.error_test import ErrorRateTest
 from controller.canary.evidence import ArmAccumulator
 from controller.canary.model import ArmEvidence, JudgePolicy
-from controller.canary.stats import BettingEProcess, odds_log_evidence, sorted_quantile
+from controller.canary.stats import BettingEProcess, sorted_quantile
 
-__all__ = ["SequentialBreach", "SequentialTests", "step_alpha"]
+__all__ = [
+    "RESUME_SHARE",
+    "TAIL_BLOCKS",
+    "SequentialBreach",
+    "SequentialTests",
+    "segment_alpha",
+    "step_alpha",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -43,6 +50,13 @@ _ERROR_SHARE = 0.5
 _P95_SHARE = 0.25
 _RANK_SHARE = 0.25
 _EXCEEDANCE_RATE = 0.05  # a p95 is the latency 5 % of requests exceed
+# Bets of the p95 test, as fractions of 1/m0 (see BettingEProcess): timid only, so that one
+# block of a burst (every request slow) multiplies the evidence by at most 1 + 0.1 x 19 ~ 2.9.
+_EXCEEDANCE_FRACTIONS = (0.02, 0.05, 0.1)
+# The p95 test's blocks are this many rank blocks long: a burst of slow requests (a noisy
+# neighbour, a warm-up) is a few seconds of nearly every request over the limit, and a tail
+# test fed one value per second would read a five-second burst as five independent proofs.
+TAIL_BLOCKS = 10
 # Baseline latencies needed before canary latencies are ranked against them: the rank of a
 # canary latency among n baseline ones errs by ~sqrt(1/(6n)) on average, 0.018 at 512 — a
 # third of the default 0.05 effect margin.
@@ -68,6 +82,60 @@ def step_alpha(false_alarm_rate: float, step_index: int, step_count: int) -> flo
     return false_alarm_rate * (1.0 - FIRST_STEP_SHARE) / (step_count - 1)
 
 
+# A step's budget across controller restarts: its first run gets 1 - RESUME_SHARE of it, each
+# resumed run RESUME_SHARE of what the previous one had.
+RESUME_SHARE = 0.1
+
+
+def segment_alpha(step_budget: float, resumes_in_step: int) -> float:
+    """The budget of one run of a step that has been resumed ``resumes_in_step`` times.
+
+    A resumed step starts its tests afresh (the evidence before the restart is gone), and a
+    fresh test at the step's whole budget would grant the step its false-alarm rate again on
+    every restart. The runs instead split it geometrically — ``(1 − s)·s^k`` for the ``k``-th
+    resume — so all the runs a step may ever have sum to its budget (a union bound over
+    runs), at the cost of ``log(1/(1 − s))`` ≈ 0.1 nats of evidence for a step never resumed.
+    """
+    if resumes_in_step < 0:
+        raise ValueError(f"resumes_in_step must be >= 0, got {resumes_in_step}")
+    return step_budget * (1.0 - RESUME_SHARE) * RESUME_SHARE**resumes_in_step
+
+
+class _Blocks:
+    """Canary latencies cut into blocks of ``length_s``; closed blocks wait to be scored.
+
+    At most ``capacity`` latencies wait (the rest of a block is dropped, not its count): a
+    baseline too quiet to rank against must not grow memory without bound.
+    """
+
+    def __init__(self, length_s: float, capacity: int) -> None:
+        self._length_s = length_s
+        self._capacity = capacity
+        self._open: list[FloatArray] = []
+        self._end: float | None = None
+        self._closed: list[FloatArray] = []
+        self._waiting = 0
+
+    def add(self, latencies: FloatArray, now: float) -> None:
+        if self._end is None:
+            self._end = now + self._length_s
+        elif now >= self._end:
+            if self._open:
+                self._closed.append(np.concatenate(self._open))
+                self._open = []
+            self._end = now + self._length_s
+        room = self._capacity - self._waiting
+        if latencies.size and room > 0:
+            self._open.append(latencies[:room])
+            self._waiting += min(int(latencies.size), room)
+
+    def take(self) -> list[FloatArray]:
+        """The closed blocks (each non-empty), oldest first; they are handed out once."""
+        closed, self._closed = self._closed, []
+        self._waiting = sum(int(b.size) for b in self._open)
+        return closed
+
+
 @dataclass(frozen=True)
 class SequentialBreach:
     """A test that fired: its reason token, a sentence, and its statistics."""
@@ -89,16 +157,15 @@ class SequentialTests:
         self._errors = ErrorRateTest(policy)
         self._log_p95_bound = math.log(1.0 / (alpha * _P95_SHARE))
         self._log_rank_bound = math.log(1.0 / (alpha * _RANK_SHARE))
-        self._exceed = 0
-        self._exceed_trials = 0
+        self._exceed = BettingEProcess(_EXCEEDANCE_RATE, _EXCEEDANCE_FRACTIONS)
         self._rank = BettingEProcess(0.5 + policy.rank_min_effect)
         # Canary latencies wait (bounded) until the baseline sample they are ranked against is
         # big enough that its own error is small beside the tolerances (see the docstring).
         self._reference_min = min(
             max(policy.min_requests, _REFERENCE_MIN), policy.max_samples_per_arm // 2
         )
-        self._pending: list[FloatArray] = []
-        self._pending_count = 0
+        self._rank_blocks = _Blocks(policy.block_s, policy.max_samples_per_arm)
+        self._tail_blocks = _Blocks(policy.block_s * TAIL_BLOCKS, policy.max_samples_per_arm)
         self._dirty = False
 
     def observe(
@@ -107,24 +174,30 @@ class SequentialTests:
         canary: ArmEvidence,
         baseline_latencies: FloatArray,
         canary_latencies: FloatArray,
+        now: float,
     ) -> None:
         self.baseline.add(baseline, baseline_latencies)
         self.canary.add(canary, canary_latencies)
         self._dirty = True
-        if canary_latencies.size and self._pending_count < self.policy.max_samples_per_arm:
-            self._pending.append(canary_latencies)
-            self._pending_count += int(canary_latencies.size)
+        self._rank_blocks.add(canary_latencies, now)
+        self._tail_blocks.add(canary_latencies, now)
         reference = self.baseline.sample.values()  # kept sorted
-        if not self._pending or reference.size < self._reference_min:
+        if reference.size < self._reference_min:
             return
-        latencies = np.concatenate(self._pending)
-        self._pending, self._pending_count = [], 0
-        p95 = sorted_quantile(reference, 1.0 - _EXCEEDANCE_RATE)
-        self._exceed += int(np.count_nonzero(latencies > self.policy.max_p95_ratio * p95))
-        self._exceed_trials += int(latencies.size)
-        left = np.searchsorted(reference, latencies, side="left")
-        right = np.searchsorted(reference, latencies, side="right")
-        self._rank.update((left + right) / (2.0 * reference.size))
+        ranked = self._rank_blocks.take()
+        if ranked:
+            means = []
+            for latencies in ranked:
+                left = np.searchsorted(reference, latencies, side="left")
+                right = np.searchsorted(reference, latencies, side="right")
+                means.append(float(np.mean((left + right) / (2.0 * reference.size))))
+            self._rank.update(means)
+        tails = self._tail_blocks.take()
+        if tails:
+            limit = self.policy.max_p95_ratio * sorted_quantile(reference, 1.0 - _EXCEEDANCE_RATE)
+            self._exceed.update(
+                [float(np.count_nonzero(block > limit)) / block.size for block in tails]
+            )
 
     def check(self) -> SequentialBreach | None:
         """The first test whose evidence crossed its bound, if any (cheap when nothing new)."""
@@ -134,7 +207,9 @@ class SequentialTests:
         return self._check_errors() or self._check_p95() or self._check_rank()
 
     def _check_errors(self) -> SequentialBreach | None:
-        found = self._errors.evidence(self.baseline, self.canary, self._log_error_bound)
+        found = self._errors.evidence(
+            self.baseline.cluster_counts(), self.canary.cluster_counts(), self._log_error_bound
+        )
         if found is None:
             return None
         c = self.canary
@@ -158,24 +233,26 @@ class SequentialTests:
         )
 
     def _check_p95(self) -> SequentialBreach | None:
-        k, n = self._exceed, self._exceed_trials
-        if n == 0:
+        blocks = self._exceed.count
+        if blocks == 0:
             return None
-        log_e = odds_log_evidence(k, n, _EXCEEDANCE_RATE)
+        log_e = self._exceed.log_e_value
         if log_e < self._log_p95_bound:
             return None
+        share = self._exceed.mean
         return SequentialBreach(
             reason="latency",
             detail=(
-                f"{k} of {n} canary requests ({100 * k / n:.1f}%) were slower than "
-                f"{self.policy.max_p95_ratio:g}x the baseline p95: the canary's p95 is proven "
-                f"above the limit (evidence {math.exp(min(log_e, 700.0)):.3g} against a bound "
-                f"of {math.exp(self._log_p95_bound):.3g})"
+                f"over {blocks} blocks of canary requests, {100 * share:.1f}% on average were "
+                f"slower than {self.policy.max_p95_ratio:g}x the baseline p95: the canary's "
+                f"p95 is proven above the limit (evidence {math.exp(min(log_e, 700.0)):.3g} "
+                f"against a bound of {math.exp(self._log_p95_bound):.3g})"
             ),
             statistics={
                 "p95_log_e": log_e,
                 "p95_log_bound": self._log_p95_bound,
-                "p95_exceedance": k / n,
+                "p95_exceedance": share,
+                "blocks": float(blocks),
                 "alpha": self.alpha,
             },
         )
@@ -188,8 +265,9 @@ class SequentialTests:
         return SequentialBreach(
             reason="latency_rank",
             detail=(
-                f"over {self._rank.count} canary requests the canary is proven slower than "
-                f"the baseline more than {100 * m0:.0f}% of the time (evidence "
+                f"over {self._rank.count} blocks of {self.policy.block_s:g} s of canary "
+                f"requests the canary is proven slower than the baseline more than "
+                f"{100 * m0:.0f}% of the time (evidence "
                 f"{math.exp(min(log_e, 700.0)):.3g} against a bound of "
                 f"{math.exp(self._log_rank_bound):.3g})"
             ),

@@ -174,12 +174,15 @@ class BettingEProcess:
 
     _FRACTIONS = (0.05, 0.1, 0.2, 0.35, 0.5, 0.7)
 
-    def __init__(self, m0: float) -> None:
+    def __init__(self, m0: float, fractions: Sequence[float] | None = None) -> None:
         if not 0.0 < m0 < 1.0:
             raise ValueError(f"m0 must be in (0, 1), got {m0}")
+        chosen = tuple(self._FRACTIONS if fractions is None else fractions)
+        if not chosen or not all(0.0 < f < 1.0 for f in chosen):
+            raise ValueError(f"bet fractions must be in (0, 1), got {chosen}")
         self.m0 = m0
-        self._bets = np.array([f / m0 for f in self._FRACTIONS], dtype=np.float64)
-        self._log_wealth = np.zeros(len(self._FRACTIONS), dtype=np.float64)
+        self._bets = np.array([f / m0 for f in chosen], dtype=np.float64)
+        self._log_wealth = np.zeros(len(chosen), dtype=np.float64)
         self.count = 0
         self._sum = 0.0
 

@@ -3,8 +3,9 @@
 What it decides: one verdict per analysis window, from both arms' evidence over the *same*
 wall-clock span. The guards, in order (the first breach names the reason):
 
-* ``error_rate`` — the canary's failure rate ``(errors + shed) / requests`` is above
-  ``max(baseline + increase, baseline × ratio)``;
+* ``error_rate`` — the canary's failure rate is above ``max(baseline + increase, baseline ×
+  ratio)``, both counted in clusters — failed batches among batches (and a look's sheds as
+  one), or requests when the evidence has no batches — as the sequential test counts them;
 * ``latency`` — the canary's p95 is above ``max_p95_ratio × baseline p95``, i.e. more than 5 %
   of canary requests are slower than that;
 * ``latency_rank`` — the canary is slower across its whole distribution: Mann–Whitney U's
@@ -134,18 +135,28 @@ def judge_window(
 def _error_breach(
     baseline: ArmAccumulator, canary: ArmAccumulator, policy: JudgePolicy, stats: dict[str, float]
 ) -> _Breach | None:
-    base_rate, canary_rate = baseline.error_rate, canary.error_rate
+    # Judged on clusters (batches; one per request when the evidence has none), as the
+    # sequential error test is: a failed batch of eight is one failure, not eight.
+    base_rate, canary_rate = baseline.cluster_failure_rate, canary.cluster_failure_rate
     limit = error_limit(base_rate, policy)
-    stats.update(error_limit=limit, baseline_error_rate=base_rate, canary_error_rate=canary_rate)
+    stats.update(
+        error_limit=limit,
+        baseline_error_rate=base_rate,
+        canary_error_rate=canary_rate,
+        baseline_clusters=float(baseline.clusters),
+        canary_clusters=float(canary.clusters),
+        canary_failed_clusters=float(canary.failed_clusters),
+    )
     if canary_rate <= limit:
         return None
-    p_value = binomial_tail_bound(canary.failures, canary.requests, limit)
+    p_value = binomial_tail_bound(canary.failed_clusters, canary.clusters, limit)
     stats["error_p"] = p_value
     return _Breach(
         "error_rate",
         f"canary failed {canary.failures} of {canary.requests} requests "
-        f"({_pct(canary_rate)}) against baseline {_pct(base_rate)}: above the {_pct(limit)} "
-        "limit",
+        f"({_pct(canary.error_rate)}), {canary.failed_clusters} of {canary.clusters} batches "
+        f"({_pct(canary_rate)}) against baseline {_pct(base_rate)} of {baseline.clusters}: "
+        f"above the {_pct(limit)} limit",
         p_value,
     )
 

@@ -20,6 +20,10 @@ Routes (documented for scripts in ``docs/reference/console.md``)::
     DELETE /api/session                        sign out
     POST   /api/rollouts/{model}/promote       PromoteRollout
     POST   /api/rollouts/{model}/abort         AbortRollout ({"reason": ...} optional)
+    POST   /api/rollouts/{model}/pause         PauseRollout ({"auto_rollback": bool,
+                                               "reason": ...} optional)
+    POST   /api/rollouts/{model}/resume        ResumeRollout ({"reason": ...} optional)
+    POST   /api/rollouts/{model}/approve       ApproveRollout
     POST   /api/replicas/{replica_id}/drain    DrainReplica
     POST   /api/replicas/{replica_id}/undrain  UndrainReplica
 
@@ -380,6 +384,24 @@ class _Routes:
         why = reason.strip() or "aborted from the console"
         return await self._act("abort", model, lambda: self.ops.abort(model, why))
 
+    async def pause(self, request: web.Request) -> web.StreamResponse:
+        model = request.match_info["model"]
+        body = await _json_body(request)
+        auto_rollback = body.get("auto_rollback", True)
+        if not isinstance(auto_rollback, bool):
+            raise _invalid("auto_rollback", "must be true or false")
+        why = _reason(body) or "paused from the console"
+        return await self._act("pause", model, lambda: self.ops.pause(model, auto_rollback, why))
+
+    async def resume(self, request: web.Request) -> web.StreamResponse:
+        model = request.match_info["model"]
+        why = _reason(await _json_body(request)) or "resumed from the console"
+        return await self._act("resume", model, lambda: self.ops.resume(model, why))
+
+    async def approve(self, request: web.Request) -> web.StreamResponse:
+        model = request.match_info["model"]
+        return await self._act("approve", model, lambda: self.ops.approve(model))
+
     async def drain(self, request: web.Request) -> web.StreamResponse:
         replica_id = request.match_info["replica_id"]
         return await self._act("drain", replica_id, lambda: self.ops.drain(replica_id))
@@ -387,6 +409,14 @@ class _Routes:
     async def undrain(self, request: web.Request) -> web.StreamResponse:
         replica_id = request.match_info["replica_id"]
         return await self._act("undrain", replica_id, lambda: self.ops.undrain(replica_id))
+
+
+def _reason(body: dict[str, Any]) -> str:
+    """The optional ``reason`` of an action's body, stripped."""
+    reason = body.get("reason", "")
+    if not isinstance(reason, str):
+        raise _invalid("reason", "must be a string")
+    return reason.strip()
 
 
 async def _send(response: web.StreamResponse, event: str, data: dict[str, Any]) -> None:
@@ -420,6 +450,9 @@ def build_app(
             web.delete("/api/session", routes.sign_out),
             web.post("/api/rollouts/{model}/promote", routes.promote),
             web.post("/api/rollouts/{model}/abort", routes.abort),
+            web.post("/api/rollouts/{model}/pause", routes.pause),
+            web.post("/api/rollouts/{model}/resume", routes.resume),
+            web.post("/api/rollouts/{model}/approve", routes.approve),
             web.post("/api/replicas/{replica_id}/drain", routes.drain),
             web.post("/api/replicas/{replica_id}/undrain", routes.undrain),
         ]

@@ -1,10 +1,11 @@
 """The console's reads and actions, through the very servicer methods the gRPC API runs.
 
 What it decides: nothing of its own — which is the point. ``GetState``,
-``ListRolloutDecisions``, ``PromoteRollout``, ``AbortRollout``, ``DrainReplica`` and
-``UndrainReplica`` are called on the controller's :class:`controller.servicer.ControlService`
-with a stand-in for the gRPC context (:class:`_CallContext`), so the console validates,
-decides and refuses exactly as the RPCs do: the same input bounds, the same domain code, the
+``ListRolloutDecisions``, ``PromoteRollout``, ``AbortRollout``, the gates ``PauseRollout``,
+``ResumeRollout`` and ``ApproveRollout``, ``DrainReplica`` and ``UndrainReplica`` are called
+on the controller's :class:`controller.servicer.ControlService` with a stand-in for the gRPC
+context (:class:`_CallContext`), so the console validates, decides and refuses exactly as the
+RPCs do: the same input bounds, the same domain code, the
 same mapping of exceptions to statuses (``ControlService._fail``). A refusal the servicer
 aborts with comes back as a :class:`~controller.console.problems.ConsoleError` with that
 status's code, message, ``ErrorInfo`` reason and metadata, unpacked from the same trailers a
@@ -125,6 +126,20 @@ class Operations:
     async def abort(self, model: str, reason: str) -> dict[str, Any]:
         request = control_pb2.AbortRolloutRequest(model=model, reason=reason)
         return await self._call(self._servicer.AbortRollout, request)
+
+    async def pause(self, model: str, auto_rollback: bool, reason: str) -> dict[str, Any]:
+        request = control_pb2.PauseRolloutRequest(
+            model=model, auto_rollback=auto_rollback, reason=reason
+        )
+        return await self._call(self._servicer.PauseRollout, request)
+
+    async def resume(self, model: str, reason: str) -> dict[str, Any]:
+        request = control_pb2.ResumeRolloutRequest(model=model, reason=reason)
+        return await self._call(self._servicer.ResumeRollout, request)
+
+    async def approve(self, model: str) -> dict[str, Any]:
+        request = control_pb2.ApproveRolloutRequest(model=model)
+        return await self._call(self._servicer.ApproveRollout, request)
 
     async def drain(self, replica_id: str) -> dict[str, Any]:
         request = control_pb2.DrainReplicaRequest(replica_id=replica_id)

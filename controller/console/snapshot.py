@@ -9,9 +9,9 @@ events, and where each part comes from:
   the fleet view's generation (:class:`controller.fleet_view.FleetView`);
 * ``traffic`` — the console's own history (:class:`controller.console.history.TrafficHistory`)
   with slot times turned into wall-clock epoch seconds;
-* ``capabilities`` — the actions this controller offers and the rollout gates it has (none yet:
-  pause, resume, approve and analysis-only arrive with issue #20, each one more entry here and
-  one more button the page draws from this list);
+* ``capabilities`` — the actions this controller offers and the rollout gates it has (issue
+  #20: pause, resume and approve, each a button the page draws on a running rollout when it
+  applies, and analysis-only, a start option the page shows on the rollout it marks);
 * a decision event — one stored decision (``RolloutDecision`` in proto3 JSON), as
   ``WatchRolloutDecisions`` would stream it.
 
@@ -32,9 +32,9 @@ from controller.store import DecisionRecord
 __all__ = ["ACTIONS", "GATES", "Snapshots"]
 
 # What an operator can do from the console today (each is the RPC of the same name).
-ACTIONS = ("promote", "abort", "drain", "undrain")
-# Rollout gates (issue #20: paused, awaiting approval, analysis only): none exist yet.
-GATES: tuple[str, ...] = ()
+ACTIONS = ("promote", "abort", "pause", "resume", "approve", "drain", "undrain")
+# Rollout gates (issue #20): the gate actions above, and analysis-only (set at start).
+GATES: tuple[str, ...] = ("pause", "resume", "approve", "analysis_only")
 
 
 class Snapshots:

@@ -19,6 +19,14 @@ class RolloutState(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ROLLOUT_STATE_PROMOTED: _ClassVar[RolloutState]
     ROLLOUT_STATE_ROLLED_BACK: _ClassVar[RolloutState]
     ROLLOUT_STATE_ABORTED: _ClassVar[RolloutState]
+    ROLLOUT_STATE_ANALYZED: _ClassVar[RolloutState]
+
+class ApprovalMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    APPROVAL_MODE_UNSPECIFIED: _ClassVar[ApprovalMode]
+    APPROVAL_MODE_NONE: _ClassVar[ApprovalMode]
+    APPROVAL_MODE_PROMOTION: _ClassVar[ApprovalMode]
+    APPROVAL_MODE_EVERY_STEP: _ClassVar[ApprovalMode]
 
 class DecisionAction(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -49,6 +57,11 @@ ROLLOUT_STATE_PROGRESSING: RolloutState
 ROLLOUT_STATE_PROMOTED: RolloutState
 ROLLOUT_STATE_ROLLED_BACK: RolloutState
 ROLLOUT_STATE_ABORTED: RolloutState
+ROLLOUT_STATE_ANALYZED: RolloutState
+APPROVAL_MODE_UNSPECIFIED: ApprovalMode
+APPROVAL_MODE_NONE: ApprovalMode
+APPROVAL_MODE_PROMOTION: ApprovalMode
+APPROVAL_MODE_EVERY_STEP: ApprovalMode
 DECISION_ACTION_UNSPECIFIED: DecisionAction
 DECISION_ACTION_START: DecisionAction
 DECISION_ACTION_ADVANCE: DecisionAction
@@ -113,7 +126,7 @@ class RolloutPolicy(_message.Message):
     def __init__(self, window: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., min_requests: _Optional[int] = ..., max_error_rate_increase: _Optional[float] = ..., max_error_rate_ratio: _Optional[float] = ..., max_p95_ratio: _Optional[float] = ..., healthy_windows_to_advance: _Optional[int] = ..., unhealthy_windows_to_rollback: _Optional[int] = ..., max_duration: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., false_alarm_rate: _Optional[float] = ...) -> None: ...
 
 class Rollout(_message.Message):
-    __slots__ = ("id", "model", "baseline_version", "canary_version", "step_percents", "step_index", "canary_weight_bp", "state", "policy", "started_at", "updated_at", "last_decision")
+    __slots__ = ("id", "model", "baseline_version", "canary_version", "step_percents", "step_index", "canary_weight_bp", "state", "policy", "started_at", "updated_at", "last_decision", "paused", "auto_rollback", "approval", "awaiting_approval", "analysis_only")
     ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_FIELD_NUMBER: _ClassVar[int]
     BASELINE_VERSION_FIELD_NUMBER: _ClassVar[int]
@@ -126,6 +139,11 @@ class Rollout(_message.Message):
     STARTED_AT_FIELD_NUMBER: _ClassVar[int]
     UPDATED_AT_FIELD_NUMBER: _ClassVar[int]
     LAST_DECISION_FIELD_NUMBER: _ClassVar[int]
+    PAUSED_FIELD_NUMBER: _ClassVar[int]
+    AUTO_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    AWAITING_APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_ONLY_FIELD_NUMBER: _ClassVar[int]
     id: int
     model: str
     baseline_version: str
@@ -138,7 +156,12 @@ class Rollout(_message.Message):
     started_at: _timestamp_pb2.Timestamp
     updated_at: _timestamp_pb2.Timestamp
     last_decision: RolloutDecision
-    def __init__(self, id: _Optional[int] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., step_index: _Optional[int] = ..., canary_weight_bp: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
+    paused: bool
+    auto_rollback: bool
+    approval: ApprovalMode
+    awaiting_approval: bool
+    analysis_only: bool
+    def __init__(self, id: _Optional[int] = ..., model: _Optional[str] = ..., baseline_version: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., step_index: _Optional[int] = ..., canary_weight_bp: _Optional[int] = ..., state: _Optional[_Union[RolloutState, str]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., started_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., updated_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., last_decision: _Optional[_Union[RolloutDecision, _Mapping]] = ..., paused: _Optional[bool] = ..., auto_rollback: _Optional[bool] = ..., approval: _Optional[_Union[ApprovalMode, str]] = ..., awaiting_approval: _Optional[bool] = ..., analysis_only: _Optional[bool] = ...) -> None: ...
 
 class ArmMetrics(_message.Message):
     __slots__ = ("version", "requests", "errors", "shed", "error_rate", "p50", "p95")
@@ -159,7 +182,7 @@ class ArmMetrics(_message.Message):
     def __init__(self, version: _Optional[str] = ..., requests: _Optional[int] = ..., errors: _Optional[int] = ..., shed: _Optional[int] = ..., error_rate: _Optional[float] = ..., p50: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., p95: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ...) -> None: ...
 
 class RolloutDecision(_message.Message):
-    __slots__ = ("id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent", "baseline", "canary", "decided_at", "detail", "statistics", "needed_requests")
+    __slots__ = ("id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent", "baseline", "canary", "decided_at", "detail", "statistics", "needed_requests", "applied")
     class StatisticsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -180,6 +203,7 @@ class RolloutDecision(_message.Message):
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     STATISTICS_FIELD_NUMBER: _ClassVar[int]
     NEEDED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_FIELD_NUMBER: _ClassVar[int]
     id: int
     rollout_id: int
     model: str
@@ -193,7 +217,8 @@ class RolloutDecision(_message.Message):
     detail: str
     statistics: _containers.ScalarMap[str, float]
     needed_requests: int
-    def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., statistics: _Optional[_Mapping[str, float]] = ..., needed_requests: _Optional[int] = ...) -> None: ...
+    applied: bool
+    def __init__(self, id: _Optional[int] = ..., rollout_id: _Optional[int] = ..., model: _Optional[str] = ..., action: _Optional[_Union[DecisionAction, str]] = ..., reason: _Optional[str] = ..., from_percent: _Optional[float] = ..., to_percent: _Optional[float] = ..., baseline: _Optional[_Union[ArmMetrics, _Mapping]] = ..., canary: _Optional[_Union[ArmMetrics, _Mapping]] = ..., decided_at: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., detail: _Optional[str] = ..., statistics: _Optional[_Mapping[str, float]] = ..., needed_requests: _Optional[int] = ..., applied: _Optional[bool] = ...) -> None: ...
 
 class GatewayStatus(_message.Message):
     __slots__ = ("gateway_id", "last_report_at", "concurrency_limit", "inflight", "cost_models", "breakers", "sheds", "tenants")
@@ -276,16 +301,20 @@ class VersionOutcomes(_message.Message):
     def __init__(self, model: _Optional[str] = ..., metrics: _Optional[_Union[ArmMetrics, _Mapping]] = ...) -> None: ...
 
 class StartRolloutRequest(_message.Message):
-    __slots__ = ("model", "canary_version", "step_percents", "policy")
+    __slots__ = ("model", "canary_version", "step_percents", "policy", "approval", "analysis_only")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     CANARY_VERSION_FIELD_NUMBER: _ClassVar[int]
     STEP_PERCENTS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
+    APPROVAL_FIELD_NUMBER: _ClassVar[int]
+    ANALYSIS_ONLY_FIELD_NUMBER: _ClassVar[int]
     model: str
     canary_version: str
     step_percents: _containers.RepeatedScalarFieldContainer[float]
     policy: RolloutPolicy
-    def __init__(self, model: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ...) -> None: ...
+    approval: ApprovalMode
+    analysis_only: bool
+    def __init__(self, model: _Optional[str] = ..., canary_version: _Optional[str] = ..., step_percents: _Optional[_Iterable[float]] = ..., policy: _Optional[_Union[RolloutPolicy, _Mapping]] = ..., approval: _Optional[_Union[ApprovalMode, str]] = ..., analysis_only: _Optional[bool] = ...) -> None: ...
 
 class StartRolloutResponse(_message.Message):
     __slots__ = ("rollout",)
@@ -318,6 +347,50 @@ class AbortRolloutResponse(_message.Message):
     ROLLOUT_FIELD_NUMBER: _ClassVar[int]
     rollout: Rollout
     def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class PauseRolloutRequest(_message.Message):
+    __slots__ = ("model", "auto_rollback", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    AUTO_ROLLBACK_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    auto_rollback: bool
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., auto_rollback: _Optional[bool] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class PauseRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class ResumeRolloutRequest(_message.Message):
+    __slots__ = ("model", "reason")
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    reason: str
+    def __init__(self, model: _Optional[str] = ..., reason: _Optional[str] = ...) -> None: ...
+
+class ResumeRolloutResponse(_message.Message):
+    __slots__ = ("rollout",)
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ...) -> None: ...
+
+class ApproveRolloutRequest(_message.Message):
+    __slots__ = ("model",)
+    MODEL_FIELD_NUMBER: _ClassVar[int]
+    model: str
+    def __init__(self, model: _Optional[str] = ...) -> None: ...
+
+class ApproveRolloutResponse(_message.Message):
+    __slots__ = ("rollout", "decision")
+    ROLLOUT_FIELD_NUMBER: _ClassVar[int]
+    DECISION_FIELD_NUMBER: _ClassVar[int]
+    rollout: Rollout
+    decision: RolloutDecision
+    def __init__(self, rollout: _Optional[_Union[Rollout, _Mapping]] = ..., decision: _Optional[_Union[RolloutDecision, _Mapping]] = ...) -> None: ...
 
 class ListRolloutDecisionsRequest(_message.Message):
     __slots__ = ("model", "limit")

@@ -60,6 +60,21 @@ class ControlServiceStub:
                 request_serializer=halcyon_dot_v1_dot_control__pb2.AbortRolloutRequest.SerializeToString,
                 response_deserializer=halcyon_dot_v1_dot_control__pb2.AbortRolloutResponse.FromString,
                 _registered_method=True)
+        self.PauseRollout = channel.unary_unary(
+                '/halcyon.v1.ControlService/PauseRollout',
+                request_serializer=halcyon_dot_v1_dot_control__pb2.PauseRolloutRequest.SerializeToString,
+                response_deserializer=halcyon_dot_v1_dot_control__pb2.PauseRolloutResponse.FromString,
+                _registered_method=True)
+        self.ResumeRollout = channel.unary_unary(
+                '/halcyon.v1.ControlService/ResumeRollout',
+                request_serializer=halcyon_dot_v1_dot_control__pb2.ResumeRolloutRequest.SerializeToString,
+                response_deserializer=halcyon_dot_v1_dot_control__pb2.ResumeRolloutResponse.FromString,
+                _registered_method=True)
+        self.ApproveRollout = channel.unary_unary(
+                '/halcyon.v1.ControlService/ApproveRollout',
+                request_serializer=halcyon_dot_v1_dot_control__pb2.ApproveRolloutRequest.SerializeToString,
+                response_deserializer=halcyon_dot_v1_dot_control__pb2.ApproveRolloutResponse.FromString,
+                _registered_method=True)
         self.ListRolloutDecisions = channel.unary_unary(
                 '/halcyon.v1.ControlService/ListRolloutDecisions',
                 request_serializer=halcyon_dot_v1_dot_control__pb2.ListRolloutDecisionsRequest.SerializeToString,
@@ -127,7 +142,9 @@ class ControlServiceServicer:
 
     def PromoteRollout(self, request, context):
         """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
-        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model;
+        FAILED_PRECONDITION / ROLLOUT_ANALYSIS_ONLY for an analysis-only rollout (it never moves
+        traffic: abort it, or start a real rollout).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -135,6 +152,37 @@ class ControlServiceServicer:
 
     def AbortRollout(self, request, context):
         """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def PauseRollout(self, request, context):
+        """PauseRollout holds the canary's weight where it is: the judge keeps judging and every
+        decision is still stored, but no step is advanced and nothing is promoted until
+        ResumeRollout. A proven regression still rolls back unless `auto_rollback` is false (then
+        it is held once, reason "rollback_held", for the operator). Durable across a restart.
+        FAILED_PRECONDITION / ROLLOUT_ALREADY_PAUSED when it is paused already; otherwise errors
+        as for PromoteRollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ResumeRollout(self, request, context):
+        """ResumeRollout lifts a pause: the rollout continues from where it was.
+        FAILED_PRECONDITION / ROLLOUT_NOT_PAUSED when it is not paused; otherwise errors as for
+        PromoteRollout.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ApproveRollout(self, request, context):
+        """ApproveRollout lets a rollout started with an approval gate take the move it waits for
+        (the next step, or the promotion). FAILED_PRECONDITION / ROLLOUT_NOT_AWAITING_APPROVAL
+        when nothing waits (the message says where the rollout stands); otherwise errors as for
+        PromoteRollout.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -221,6 +269,21 @@ def add_ControlServiceServicer_to_server(servicer, server):
                     servicer.AbortRollout,
                     request_deserializer=halcyon_dot_v1_dot_control__pb2.AbortRolloutRequest.FromString,
                     response_serializer=halcyon_dot_v1_dot_control__pb2.AbortRolloutResponse.SerializeToString,
+            ),
+            'PauseRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.PauseRollout,
+                    request_deserializer=halcyon_dot_v1_dot_control__pb2.PauseRolloutRequest.FromString,
+                    response_serializer=halcyon_dot_v1_dot_control__pb2.PauseRolloutResponse.SerializeToString,
+            ),
+            'ResumeRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ResumeRollout,
+                    request_deserializer=halcyon_dot_v1_dot_control__pb2.ResumeRolloutRequest.FromString,
+                    response_serializer=halcyon_dot_v1_dot_control__pb2.ResumeRolloutResponse.SerializeToString,
+            ),
+            'ApproveRollout': grpc.unary_unary_rpc_method_handler(
+                    servicer.ApproveRollout,
+                    request_deserializer=halcyon_dot_v1_dot_control__pb2.ApproveRolloutRequest.FromString,
+                    response_serializer=halcyon_dot_v1_dot_control__pb2.ApproveRolloutResponse.SerializeToString,
             ),
             'ListRolloutDecisions': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRolloutDecisions,
@@ -372,6 +435,87 @@ class ControlService:
             '/halcyon.v1.ControlService/AbortRollout',
             halcyon_dot_v1_dot_control__pb2.AbortRolloutRequest.SerializeToString,
             halcyon_dot_v1_dot_control__pb2.AbortRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PauseRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/halcyon.v1.ControlService/PauseRollout',
+            halcyon_dot_v1_dot_control__pb2.PauseRolloutRequest.SerializeToString,
+            halcyon_dot_v1_dot_control__pb2.PauseRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ResumeRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/halcyon.v1.ControlService/ResumeRollout',
+            halcyon_dot_v1_dot_control__pb2.ResumeRolloutRequest.SerializeToString,
+            halcyon_dot_v1_dot_control__pb2.ResumeRolloutResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ApproveRollout(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/halcyon.v1.ControlService/ApproveRollout',
+            halcyon_dot_v1_dot_control__pb2.ApproveRolloutRequest.SerializeToString,
+            halcyon_dot_v1_dot_control__pb2.ApproveRolloutResponse.FromString,
             options,
             channel_credentials,
             insecure,

@@ -52,10 +52,31 @@ class ControlServiceStub:
     """
     PromoteRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]
     """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
-    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model;
+    FAILED_PRECONDITION / ROLLOUT_ANALYSIS_ONLY for an analysis-only rollout (it never moves
+    traffic: abort it, or start a real rollout).
     """
     AbortRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.AbortRolloutRequest, _control_pb2.AbortRolloutResponse]
     """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
+    PauseRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.PauseRolloutRequest, _control_pb2.PauseRolloutResponse]
+    """PauseRollout holds the canary's weight where it is: the judge keeps judging and every
+    decision is still stored, but no step is advanced and nothing is promoted until
+    ResumeRollout. A proven regression still rolls back unless `auto_rollback` is false (then
+    it is held once, reason "rollback_held", for the operator). Durable across a restart.
+    FAILED_PRECONDITION / ROLLOUT_ALREADY_PAUSED when it is paused already; otherwise errors
+    as for PromoteRollout.
+    """
+    ResumeRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.ResumeRolloutRequest, _control_pb2.ResumeRolloutResponse]
+    """ResumeRollout lifts a pause: the rollout continues from where it was.
+    FAILED_PRECONDITION / ROLLOUT_NOT_PAUSED when it is not paused; otherwise errors as for
+    PromoteRollout.
+    """
+    ApproveRollout: _grpc.UnaryUnaryMultiCallable[_control_pb2.ApproveRolloutRequest, _control_pb2.ApproveRolloutResponse]
+    """ApproveRollout lets a rollout started with an approval gate take the move it waits for
+    (the next step, or the promotion). FAILED_PRECONDITION / ROLLOUT_NOT_AWAITING_APPROVAL
+    when nothing waits (the message says where the rollout stands); otherwise errors as for
+    PromoteRollout.
+    """
     ListRolloutDecisions: _grpc.UnaryUnaryMultiCallable[_control_pb2.ListRolloutDecisionsRequest, _control_pb2.ListRolloutDecisionsResponse]
     """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
     NOT_FOUND for a model the controller has never heard of.
@@ -111,10 +132,31 @@ class ControlServiceAsyncStub(ControlServiceStub):
     """
     PromoteRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.PromoteRolloutRequest, _control_pb2.PromoteRolloutResponse]  # type: ignore[assignment]
     """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
-    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+    FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model;
+    FAILED_PRECONDITION / ROLLOUT_ANALYSIS_ONLY for an analysis-only rollout (it never moves
+    traffic: abort it, or start a real rollout).
     """
     AbortRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.AbortRolloutRequest, _control_pb2.AbortRolloutResponse]  # type: ignore[assignment]
     """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
+    PauseRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.PauseRolloutRequest, _control_pb2.PauseRolloutResponse]  # type: ignore[assignment]
+    """PauseRollout holds the canary's weight where it is: the judge keeps judging and every
+    decision is still stored, but no step is advanced and nothing is promoted until
+    ResumeRollout. A proven regression still rolls back unless `auto_rollback` is false (then
+    it is held once, reason "rollback_held", for the operator). Durable across a restart.
+    FAILED_PRECONDITION / ROLLOUT_ALREADY_PAUSED when it is paused already; otherwise errors
+    as for PromoteRollout.
+    """
+    ResumeRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.ResumeRolloutRequest, _control_pb2.ResumeRolloutResponse]  # type: ignore[assignment]
+    """ResumeRollout lifts a pause: the rollout continues from where it was.
+    FAILED_PRECONDITION / ROLLOUT_NOT_PAUSED when it is not paused; otherwise errors as for
+    PromoteRollout.
+    """
+    ApproveRollout: _aio.UnaryUnaryMultiCallable[_control_pb2.ApproveRolloutRequest, _control_pb2.ApproveRolloutResponse]  # type: ignore[assignment]
+    """ApproveRollout lets a rollout started with an approval gate take the move it waits for
+    (the next step, or the promotion). FAILED_PRECONDITION / ROLLOUT_NOT_AWAITING_APPROVAL
+    when nothing waits (the message says where the rollout stands); otherwise errors as for
+    PromoteRollout.
+    """
     ListRolloutDecisions: _aio.UnaryUnaryMultiCallable[_control_pb2.ListRolloutDecisionsRequest, _control_pb2.ListRolloutDecisionsResponse]  # type: ignore[assignment]
     """ListRolloutDecisions returns stored decisions, newest last, with the evidence behind each.
     NOT_FOUND for a model the controller has never heard of.
@@ -185,7 +227,9 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.PromoteRolloutResponse, _abc.Awaitable[_control_pb2.PromoteRolloutResponse]]:
         """PromoteRollout makes the canary the stable version now (persisted: it survives a restart).
-        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model.
+        FAILED_PRECONDITION / NO_ACTIVE_ROLLOUT when none is running; NOT_FOUND for an unknown model;
+        FAILED_PRECONDITION / ROLLOUT_ANALYSIS_ONLY for an analysis-only rollout (it never moves
+        traffic: abort it, or start a real rollout).
         """
 
     @_abc_1.abstractmethod
@@ -195,6 +239,43 @@ class ControlServiceServicer(metaclass=_abc_1.ABCMeta):
         context: _ServicerContext,
     ) -> _typing.Union[_control_pb2.AbortRolloutResponse, _abc.Awaitable[_control_pb2.AbortRolloutResponse]]:
         """AbortRollout sends all traffic back to the baseline now. Errors as for PromoteRollout."""
+
+    @_abc_1.abstractmethod
+    def PauseRollout(
+        self,
+        request: _control_pb2.PauseRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.PauseRolloutResponse, _abc.Awaitable[_control_pb2.PauseRolloutResponse]]:
+        """PauseRollout holds the canary's weight where it is: the judge keeps judging and every
+        decision is still stored, but no step is advanced and nothing is promoted until
+        ResumeRollout. A proven regression still rolls back unless `auto_rollback` is false (then
+        it is held once, reason "rollback_held", for the operator). Durable across a restart.
+        FAILED_PRECONDITION / ROLLOUT_ALREADY_PAUSED when it is paused already; otherwise errors
+        as for PromoteRollout.
+        """
+
+    @_abc_1.abstractmethod
+    def ResumeRollout(
+        self,
+        request: _control_pb2.ResumeRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.ResumeRolloutResponse, _abc.Awaitable[_control_pb2.ResumeRolloutResponse]]:
+        """ResumeRollout lifts a pause: the rollout continues from where it was.
+        FAILED_PRECONDITION / ROLLOUT_NOT_PAUSED when it is not paused; otherwise errors as for
+        PromoteRollout.
+        """
+
+    @_abc_1.abstractmethod
+    def ApproveRollout(
+        self,
+        request: _control_pb2.ApproveRolloutRequest,
+        context: _ServicerContext,
+    ) -> _typing.Union[_control_pb2.ApproveRolloutResponse, _abc.Awaitable[_control_pb2.ApproveRolloutResponse]]:
+        """ApproveRollout lets a rollout started with an approval gate take the move it waits for
+        (the next step, or the promotion). FAILED_PRECONDITION / ROLLOUT_NOT_AWAITING_APPROVAL
+        when nothing waits (the message says where the rollout stands); otherwise errors as for
+        PromoteRollout.
+        """
 
     @_abc_1.abstractmethod
     def ListRolloutDecisions(

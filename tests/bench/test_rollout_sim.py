@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import io
-import json
 
 import numpy as np
 import pytest
 
 from bench import cli
 from bench.rollout_judges import JUDGES, FixedIntervalJudge, OriginalJudge, make_judge
-from bench.rollout_sim import SimConfig, format_table, run_rollouts, simulate
+from bench.rollout_sim import SimConfig, describe, format_table, run_rollouts, simulate
 from bench.rollout_traffic import CASES, Traffic, TrafficModel, error_case
 from controller.canary import (
     ArmEvidence,
@@ -38,7 +36,7 @@ def parse(*argv: str) -> argparse.Namespace:
 def test_the_halcyon_judge_is_the_controllers_rollout_run() -> None:
     judge = make_judge("halcyon", (1, 5), JudgePolicy(), 0.0)
     assert type(judge) is RolloutRun  # the real judge, not a copy
-    assert [j.name for j in JUDGES] == ["halcyon", "original", "fixed-interval"]
+    assert [j.name for j in JUDGES] == ["halcyon", "original", "fixed-interval", "flagger", "argo"]
     with pytest.raises(ValueError, match="unknown judge"):
         make_judge("oracle", (1,), JudgePolicy(), 0.0)
 
@@ -121,10 +119,9 @@ def test_every_judge_ends_every_case_with_a_decision() -> None:
             assert result.canary_requests > 0
 
 
-def test_json_report_has_one_record_per_judge_and_case() -> None:
-    out, err = io.StringIO(), io.StringIO()
-    assert cli.run_rollout(parse("--scenario", "rollout", "--seeds", "3", "--json"), out, err) == 0
-    records = [json.loads(line) for line in out.getvalue().splitlines()]
+def test_records_have_one_row_per_judge_and_case() -> None:
+    config = SimConfig(seeds=3, first_seed=0xC0FFEE, evidence=("independent",))
+    records = [r.as_json() for r in run_rollouts(config)]
     assert len(records) == len(JUDGES) * len(CASES)
     assert {(r["judge"], r["case"]) for r in records} == {
         (j.name, c.name) for j in JUDGES for c in CASES
@@ -139,7 +136,18 @@ def test_json_report_has_one_record_per_judge_and_case() -> None:
     assert halcyon["errors"]["rolled_back"] == 1.0  # robust: +5 points is never promoted
     assert halcyon["slow"]["rolled_back"] == 1.0
     assert halcyon["faster"]["promoted"] == 1.0
-    assert "rows x 3 seeds" in err.getvalue()  # timing goes to stderr, never into the JSON
+
+
+def test_a_promoted_bad_canary_is_charged_the_rest_of_the_horizon() -> None:
+    config = SimConfig(seeds=1, policy=JudgePolicy(max_duration_s=600.0))
+    traffic = Traffic(config.traffic, 5)
+    quiet = error_case(0.01, "barely")  # bad, but far below every judge's tolerance
+    result = simulate("fixed-interval", quiet, traffic, config)
+    assert result.phase is RolloutPhase.PROMOTED
+    left = 600 - int(result.decision_s)
+    assert result.blast_radius == result.canary_requests + round(config.traffic.rate * left)
+    good = simulate("fixed-interval", CASE["aa"], traffic, config)
+    assert good.blast_radius == good.canary_requests  # only a bad canary is charged
 
 
 def test_the_same_seeds_give_the_same_report() -> None:
@@ -150,13 +158,12 @@ def test_the_same_seeds_give_the_same_report() -> None:
 
 
 def test_table_names_its_inputs() -> None:
-    out = io.StringIO()
-    assert cli.run_rollout(parse("--scenario", "rollout", "--seeds", "1"), out, io.StringIO()) == 0
-    text = out.getvalue()
-    assert text.startswith("Rollout simulation — 1 seeds from 0xc0ffee; 200 req/s")
-    assert "| judge " in text and "| fixed-interval | underprovisioned |" in text
-    records = run_rollouts(SimConfig(seeds=1), judges=["original"], cases=["aa"])
+    config = SimConfig(seeds=1, evidence=("independent",))
+    records = run_rollouts(config, judges=["original"], cases=["aa"])
     assert format_table(records).count("\n") == 2
+    text = describe(config)
+    assert text.startswith("Rollout simulation — 1 seeds from 0x1; 200 req/s")
+    assert "evidence independent" in text
 
 
 def test_rollout_flags_are_checked() -> None:
@@ -171,7 +178,9 @@ def test_rollout_flags_are_checked() -> None:
 def test_extra_error_cases_are_added_by_flag_and_judged_by_every_judge() -> None:
     args = parse("--scenario", "rollout", "--extra-error-points", "10,20")
     assert args.extra_error_points == (10.0, 20.0)
-    config = SimConfig(seeds=2, cases=(error_case(10.0), error_case(20.0)))
+    config = SimConfig(
+        seeds=2, cases=(error_case(10.0), error_case(20.0)), evidence=("independent",)
+    )
     records = run_rollouts(config)
     assert {(r.judge, r.case) for r in records} == {
         (j.name, c) for j in JUDGES for c in ("errors+10", "errors+20")

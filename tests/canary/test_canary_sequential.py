@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from canary_helpers import arm
 
-from controller.canary import JudgePolicy
+from controller.canary import ArmEvidence, JudgePolicy
 from controller.canary.sequential import SequentialTests, step_alpha
 
 POLICY = JudgePolicy()
@@ -24,15 +24,21 @@ def requests_to_breach(
     rng = np.random.default_rng(seed)
     tests = SequentialTests(POLICY, alpha)
     served = 0
+    now = 0.0
     while served < limit:
+        now += 1.0
         base = arm(rng, 198, error_rate=0.002)
         canary = arm(rng, per_tick, error_rate=canary_error_rate, median_s=canary_median_s)
         served += canary.requests
-        tests.observe(base, canary, np.asarray(base.latencies_s), np.asarray(canary.latencies_s))
+        observe(tests, base, canary, now)
         breach = tests.check()
         if breach is not None:
             return served, breach.reason
     return served, None
+
+
+def observe(tests: SequentialTests, base: ArmEvidence, canary: ArmEvidence, now: float) -> None:
+    tests.observe(base, canary, np.asarray(base.latencies_s), np.asarray(canary.latencies_s), now)
 
 
 def test_step_budgets_sum_to_the_false_alarm_rate() -> None:
@@ -74,11 +80,10 @@ def test_latency_tests_wait_for_a_large_enough_baseline_sample() -> None:
     rng = np.random.default_rng(1)
     tests = SequentialTests(POLICY, 0.005)
     base = arm(rng, 100)
-    slow = arm(rng, 100, median_s=0.5)
-    tests.observe(base, slow, np.asarray(base.latencies_s), np.asarray(slow.latencies_s))
+    for now in range(1, 25):
+        observe(tests, base if now == 1 else arm(rng, 0), arm(rng, 20, median_s=0.5), now)
     assert tests.check() is None  # 100 baseline latencies are too few to rank against
-    for _ in range(5):
-        base = arm(rng, 100)
-        tests.observe(base, arm(rng, 0), np.asarray(base.latencies_s), np.empty(0))
+    for now in range(25, 31):
+        observe(tests, arm(rng, 100), arm(rng, 0), now)
     breach = tests.check()
     assert breach is not None and breach.reason in {"latency", "latency_rank"}

@@ -76,8 +76,8 @@ def test_the_ready_file_names_the_console_and_state_is_getstate(stack: Any) -> N
     assert {r["replica"]["replicaId"] for r in over_grpc["replicas"]} == stack.replica_ids()
     assert state["routing"] == over_grpc["routing"]
     assert answer.body["capabilities"] == {
-        "actions": ["promote", "abort", "drain", "undrain"],
-        "gates": [],
+        "actions": ["promote", "abort", "pause", "resume", "approve", "drain", "undrain"],
+        "gates": ["pause", "resume", "approve", "analysis_only"],
     }
 
 
@@ -238,6 +238,53 @@ def test_events_stream_state_ticks_and_every_new_decision(stack: Any, events: Ev
             )
     trail = http(url(stack, f"/api/rollouts/{e2e.MODEL}/decisions?limit=5"))
     assert [d["action"] for d in trail.body["decisions"]][-1] == "DECISION_ACTION_ABORT"
+
+
+def test_the_gate_actions_run_the_gate_rpcs(stack: Any) -> None:
+    rollout = start_rollout(stack)
+    base = url(stack, f"/api/rollouts/{e2e.MODEL}")
+    try:
+        waiting = http(f"{base}/approve", "POST", headers=BEARER)
+        assert (waiting.status, waiting.body["error"]["reason"]) == (
+            409,
+            "ROLLOUT_NOT_AWAITING_APPROVAL",
+        )
+        typo = http(f"{base}/pause", "POST", body={"auto_rollback": "no"}, headers=BEARER)
+        assert (typo.status, typo.body["error"]["metadata"]["field"]) == (400, "auto_rollback")
+        paused = http(f"{base}/pause", "POST", body={"auto_rollback": False}, headers=BEARER)
+        assert paused.status == 200, paused.body
+        shown = paused.body["rollout"]
+        assert (shown["id"], shown["paused"], shown["autoRollback"]) == (
+            str(rollout.id),
+            True,
+            False,
+        )
+        assert shown["lastDecision"]["reason"] == "paused"
+        assert "paused from the console" in shown["lastDecision"]["detail"]
+        again = http(f"{base}/pause", "POST", headers=BEARER)
+        assert (again.status, again.body["error"]["reason"]) == (409, "ROLLOUT_ALREADY_PAUSED")
+        [state] = [
+            r
+            for r in http(url(stack, "/api/state")).body["state"]["rollouts"]
+            if r["id"] == str(rollout.id)
+        ]
+        assert (state["paused"], state["approval"]) == (True, "APPROVAL_MODE_NONE")
+        resumed = http(f"{base}/resume", "POST", body={"reason": "all clear"}, headers=BEARER)
+        assert resumed.status == 200 and resumed.body["rollout"]["paused"] is False
+        assert "all clear" in resumed.body["rollout"]["lastDecision"]["detail"]
+        not_paused = http(f"{base}/resume", "POST", headers=BEARER)
+        assert (not_paused.status, not_paused.body["error"]["reason"]) == (
+            409,
+            "ROLLOUT_NOT_PAUSED",
+        )
+        assert http(f"{base}/pause", "POST").status == 401  # the credential, as for promote
+    finally:
+        with contextlib.suppress(Exception):
+            stack.control_stub.AbortRollout(
+                control_pb2.AbortRolloutRequest(model=e2e.MODEL, reason="cleanup"),
+                metadata=grpc_metadata(),
+                timeout=5,
+            )
 
 
 def test_the_traffic_history_fills_from_gateway_reports(stack: Any) -> None:

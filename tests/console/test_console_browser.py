@@ -5,7 +5,8 @@ The page loads with no console errors and lists the replicas GetState returns; a
 appears without a reload when a rollout starts over gRPC; a promote without the credential is
 refused (and nothing changes); a cross-site form post is refused even with the operator signed
 in (a page on another port is same-site, so SameSite alone would let the cookie through: the
-Origin check is what stops it); signed in, a promote reached by keyboard alone works.
+Origin check is what stops it); signed in, the gate buttons pause and resume the rollout, and a
+promote reached by keyboard alone works.
 """
 
 from __future__ import annotations
@@ -262,6 +263,40 @@ def test_a_cross_site_form_post_is_refused_even_when_signed_in(driver: Any, stac
         server.server_close()
     assert rollout_state(stack) == control_pb2.ROLLOUT_STATE_PROGRESSING
     driver.get_log("browser")  # the 403 of the form post is logged; it was meant to be
+
+
+def test_signed_in_the_gate_buttons_pause_and_resume(driver: Any, stack: Any) -> None:
+    from selenium.webdriver.common.by import By
+
+    ensure_rollout(stack)
+    open_page(driver, stack, "actions")
+    if "Operator signed in" not in driver.find_element(By.ID, "operator").text:
+        sign_in(driver, stack)
+    driver.find_element(By.ID, "tab-rollouts").click()
+    note = driver.find_element(By.ID, "gates-note")
+    e2e.wait_for(
+        lambda: "Rollout gates: pause, resume, approve" in note.get_attribute("textContent"),
+        WAIT_S,
+        "the gates the controller offers",
+    )
+    assert by_css(driver, 'button[data-action="approve"]') == []  # nothing awaits approval
+    wait_css(driver, 'button[data-action="pause"]', "the pause button")[0].click()
+    wait_css(driver, 'form[aria-label="Confirm pause"] input[type="checkbox"]', "the option")[
+        0
+    ].click()  # off: hold a proven regression for the operator
+    wait_css(driver, 'button[data-action="confirm-pause"]', "the confirmation")[0].click()
+    [badge] = wait_css(driver, 'article.rollout [data-field="gates"]', "the paused badge")
+    assert "paused, no auto-rollback" in badge.text
+    running = [r for r in stack.get_state().rollouts if r.state == 1]
+    assert [(r.paused, r.auto_rollback) for r in running] == [(True, False)]
+    wait_css(driver, 'button[data-action="resume"]', "the resume button")[0].click()
+    e2e.wait_for(
+        lambda: not by_css(driver, 'article.rollout [data-field="gates"]'),
+        WAIT_S,
+        "the paused badge to go",
+    )
+    assert [r.paused for r in stack.get_state().rollouts if r.state == 1] == [False]
+    assert severe(driver) == []
 
 
 def test_signed_in_a_promote_reached_by_keyboard_works(driver: Any, stack: Any) -> None:

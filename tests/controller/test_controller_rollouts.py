@@ -269,7 +269,8 @@ async def test_a_slow_canary_is_rolled_back_on_latency(world: World) -> None:
     await world.start()
     taken = await drive(world, seconds=120, canary_median_s=0.075)
     last = taken[-1]
-    assert (last.action, last.reason) == (DecisionAction.ROLLBACK, "latency")
+    assert last.action == DecisionAction.ROLLBACK
+    assert last.reason in {"latency", "latency_rank"}  # whichever sequential test proves it
     assert last.canary is not None and last.baseline is not None
     assert last.canary.p95_s > 1.2 * last.baseline.p95_s
 

@@ -83,7 +83,7 @@ SKIP: list[tuple[str, str]] = [
     (r"\bkustomize\b", "edits the committed manifests; tests/deploy renders them offline"),
     (
         r"\bhalcyon rollout verify\b",
-        "drives two minutes of load through three rollouts; tests/e2e/test_e2e_rollout.py runs it",
+        "drives two minutes of load through four rollouts; tests/e2e/test_e2e_rollout.py runs it",
     ),
     (r"\bhalcyon rollout watch\b", "streams decisions until interrupted"),
     (
@@ -250,8 +250,9 @@ class LiveStack:
                     text[:end] + f" --controller {self.addresses['127.0.0.1:50050']}" + text[end:]
                 )
         bench = re.search(r"\bhalcyon bench\b", text)
-        if bench and "--scenario rollout" in text and "--seeds" not in text:
-            text = text[: bench.end()] + " --seeds 4" + text[bench.end() :]
+        if bench and "--scenario rollout" in text and "--quick" not in text:
+            # The full sweep takes most of an hour; --quick is its seconds-long smoke run.
+            text = text[: bench.end()] + " --quick --seeds 3 --aa-seeds 6" + text[bench.end() :]
         elif bench and "--duration" not in text and "--trace" not in text:
             end = bench.end()
             text = text[:end] + f" --duration {BENCH_DURATION_S}" + text[end:]
@@ -462,6 +463,9 @@ def test_adapting_shortens_runs_and_points_at_the_live_stack() -> None:
     )
     assert stack.adapt("halcyon bench --scenario fleet") == (
         "halcyon bench --duration 2 --scenario fleet"
+    )
+    assert stack.adapt("halcyon bench --scenario rollout --jobs 2") == (
+        "halcyon bench --quick --seeds 3 --aa-seeds 6 --scenario rollout --jobs 2"
     )
     assert stack.adapt("grpcurl 127.0.0.1:50051 x 127.0.0.1:500510") == (
         "grpcurl 127.0.0.1:4001 x 127.0.0.1:500510"

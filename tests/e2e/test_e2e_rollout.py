@@ -1,9 +1,9 @@
 """Rollouts end to end with real processes: ``halcyon rollout verify`` against a stack-shaped
 fleet (a faster candidate promoted, a faulty one rolled back on error_rate, a slow one on
-latency), and a rollout that survives ``kill -9`` of its controller — the gateway keeps the
-weights while the controller is gone, and the restarted controller resumes at the step it had
-reached and finishes the job. The operator CLI drives the rollout and reports errors in one
-line.
+latency, an A/A one — the baseline's twin, 1 % of batches failing on both arms — promoted),
+and a rollout that survives ``kill -9`` of its controller — the gateway keeps the weights while
+the controller is gone, and the restarted controller resumes at the step it had reached and
+finishes the job. The operator CLI drives the rollout and reports errors in one line.
 
 Load comes from the same open-loop generator ``verify`` uses, with a fresh session key per
 request so each arm's share of requests is its weight.
@@ -21,6 +21,8 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+import pytest
 
 from halcyon.rollout_verify import Load
 from halcyon.v1 import control_pb2
@@ -92,7 +94,8 @@ def v2_share(load: Load, seconds: float) -> float:
     return seen["v2"] / max(1, seen["v1"] + seen["v2"])
 
 
-def test_verify_ships_three_candidates_and_cleans_up(launch: Any, e2e: SimpleNamespace) -> None:
+@pytest.mark.timeout(300)  # four rollouts, each judged live on per-batch evidence (~2 min)
+def test_verify_ships_four_candidates_and_cleans_up(launch: Any, e2e: SimpleNamespace) -> None:
     fleet = launch.fleet(dict(STACK))
     result = halcyon(
         e2e,
@@ -100,9 +103,12 @@ def test_verify_ships_three_candidates_and_cleans_up(launch: Any, e2e: SimpleNam
         "--controller", fleet.controller.grpc,
         "--gateway", fleet.gateway.grpc,
         "--state-dir", str(launch.workdir / "verify"),
+        timeout_s=270.0,
     )  # fmt: skip
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    outcomes = {o["candidate"]: o for o in json.loads(result.stdout)}
+    rows = json.loads(result.stdout)
+    assert [o["candidate"] for o in rows] == ["faster", "faulty", "slow", "aa"]
+    outcomes = {o["candidate"]: o for o in rows}
     assert (outcomes["faster"]["version"], outcomes["faster"]["action"]) == ("v2", "promote")
     assert (outcomes["faulty"]["action"], outcomes["faulty"]["reason"]) == (
         "rollback",
@@ -110,28 +116,36 @@ def test_verify_ships_three_candidates_and_cleans_up(launch: Any, e2e: SimpleNam
     )
     assert outcomes["slow"]["action"] == "rollback"
     assert outcomes["slow"]["reason"].startswith("latency")
+    assert (outcomes["aa"]["version"], outcomes["aa"]["action"]) == ("v2-aa", "promote")
+    assert outcomes["aa"]["answered_by_candidate"] > 0
     for outcome in outcomes.values():
         assert outcome["passed"]
         assert outcome["decisions"][0]["action"] == "DECISION_ACTION_START"
-    # The bad candidates were judged against the promoted v2.
+    # The bad candidates and the A/A one were judged against the promoted v2.
     faulty_last = outcomes["faulty"]["decisions"][-1]
     assert faulty_last["baseline"]["version"] == "v2"
     assert int(faulty_last["canary"]["errors"]) > 0
-    # The trails went to stderr, the JSON document alone to stdout.
+    assert outcomes["aa"]["decisions"][-1]["baseline"]["version"] == "v2"
+    # The trails and the drain of the stack's own v2 went to stderr, the JSON alone to stdout.
     assert "v2-faulty" in result.stderr
+    assert "drained replica-c" in result.stderr and "undrained replica-c" in result.stderr
 
-    # Everything it started is gone, and the stack is as it found it.
+    # Everything it started is gone, nothing is left drained, and the stack is as it found it.
     e2e.wait_for(
         lambda: fleet.replica_ids() == set(STACK),
         timeout_s=10,
         what="the verify workers to leave the fleet",
         watch=fleet.live(),
     )
-    [route] = fleet.get_state().routing
+    state = fleet.get_state()
+    assert not [m.replica.replica_id for m in state.replicas if m.load.draining]
+    [route] = state.routing
     assert (route.stable_version, route.canary_version) == ("v1", "")
-    states = Counter(r.state for r in fleet.get_state().rollouts)
+    states = Counter(r.state for r in state.rollouts)
     assert states[control_pb2.ROLLOUT_STATE_PROGRESSING] == 0
     assert states[control_pb2.ROLLOUT_STATE_ROLLED_BACK] == 2
+    # faster and aa on evidence; v2 given back its place after aa, then v1 (operator promotes).
+    assert states[control_pb2.ROLLOUT_STATE_PROMOTED] == 4
 
 
 def _restart_controller(launch: Any, old: Any) -> Any:

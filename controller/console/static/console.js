@@ -22,6 +22,7 @@ const ui = {
   operator: false,
   csrf: null,
   confirm: null, // {action, target} awaiting confirmation
+  gates: [], // capabilities.gates: the gate buttons this controller offers
   mode: "connecting",
   rendered: {}, // section -> the input it was last drawn from
   log: [],
@@ -788,10 +789,29 @@ function actionName(d) {
 
 function rolloutStateText(r) {
   const st = shortState(r.state, "ROLLOUT_STATE_");
-  const icon = { progressing: "▶", promoted: "★", "rolled back": "✕", aborted: "■" }[st] || "?";
+  const icon = { progressing: "▶", promoted: "★", "rolled back": "✕", aborted: "■",
+    analyzed: "◇" }[st] || "?";
   const cls = { progressing: "state-warn", promoted: "state-ok", "rolled back": "state-bad",
-    aborted: "state-bad" }[st] || "state-idle";
+    aborted: "state-bad", analyzed: "state-idle" }[st] || "state-idle";
   return h("span", { class: `state ${cls}`, text: `${icon} ${st}` });
+}
+
+// The gates in force on a rollout, as the page names them (issue #20).
+function gateNames(r) {
+  const running = r.state === "ROLLOUT_STATE_PROGRESSING";
+  const names = [];
+  if (running && r.paused) names.push(r.autoRollback ? "paused" : "paused, no auto-rollback");
+  if (running && r.awaitingApproval) names.push("awaiting approval");
+  const mode = shortState(r.approval, "APPROVAL_MODE_");
+  if (mode && mode !== "none" && mode !== "unspecified") names.push(`approval: ${mode}`);
+  if (r.analysisOnly) names.push("analysis only");
+  return names;
+}
+
+function gateBadges(r) {
+  const names = gateNames(r);
+  return names.length ? h("span", { class: "gates state state-warn", "data-field": "gates",
+    text: `⏸ ${names.join(" · ")}` }) : null;
 }
 
 function armCells(arm) {
@@ -866,7 +886,8 @@ function trail(decisions) {
     h("tbody", {}, shown.map((d) => h("tr", { "data-decision-id": d.id, "data-action": actionName(d) },
       h("th", { scope: "row", text: d.id }),
       h("td", { text: clock(epoch(d.decidedAt)) }),
-      h("td", { class: "state", text: `${ACTION_ICON[actionName(d)] || "?"} ${actionName(d).toLowerCase()}` }),
+      h("td", { class: "state", text: `${ACTION_ICON[actionName(d)] || "?"} ${actionName(d).toLowerCase()}` +
+        (d.applied === false && actionName(d) !== "HOLD" ? " (not applied: analysis only)" : "") }),
       h("td", { text: d.reason }),
       h("td", { class: "num", text: `${num(d.fromPercent, 1)} → ${num(d.toPercent, 1)} %` }),
       armCells(d.baseline), armCells(d.canary),
@@ -904,12 +925,47 @@ function rolloutActions(rollout) {
     h("button", { type: "button", "data-key": `cancel-${model}`,
       onclick: () => { ui.confirm = null; render(true); }, text: "Cancel" }));
   }
+  if (c && c.target === model && c.action === "approve") {
+    return h("div", { class: "confirm", role: "group", "aria-label": "Confirm approve" },
+      rollout.stepIndex + 1 >= rollout.stepPercents.length
+        ? `Approve the promotion: make ${rollout.canaryVersion} ${model}'s stable version?`
+        : `Approve the advance to ${num(rollout.stepPercents[rollout.stepIndex + 1], 2)} %?`,
+      h("button", { type: "button", class: "primary", "data-key": `confirm-approve-${model}`,
+        "data-action": "confirm-approve", onclick: () => act("approve", model, path("approve")),
+        text: "Confirm approve" }),
+      h("button", { type: "button", "data-key": `cancel-${model}`,
+        onclick: () => { ui.confirm = null; render(true); }, text: "Cancel" }));
+  }
+  if (c && c.target === model && c.action === "pause") {
+    const id = `pause-auto-rollback-${model}`;
+    return h("form", { class: "confirm", "aria-label": "Confirm pause", onsubmit: (e) => {
+      e.preventDefault();
+      act("pause", model, path("pause"), { auto_rollback: document.getElementById(id).checked });
+    } },
+    `Hold ${model}'s canary at ${num(rollout.canaryWeightBp / 100, 2)} %; judging continues.`,
+    h("input", { id, type: "checkbox", checked: true, "data-key": `confirm-pause-${model}` }),
+    h("label", { for: id, text: "Still roll back a proven regression" }),
+    h("button", { type: "submit", class: "primary", "data-action": "confirm-pause",
+      text: "Pause" }),
+    h("button", { type: "button", "data-key": `cancel-${model}`,
+      onclick: () => { ui.confirm = null; render(true); }, text: "Cancel" }));
+  }
+  const gates = new Set(ui.gates || []);
   return h("div", { class: "actions-row" },
-    h("button", { type: "button", class: "primary", "data-key": `promote-${model}`,
-      "data-action": "promote", onclick: () => askFirst("promote", model),
-      text: `Promote ${rollout.canaryVersion}…` }),
+    rollout.analysisOnly ? null : h("button", { type: "button", class: "primary",
+      "data-key": `promote-${model}`, "data-action": "promote",
+      onclick: () => askFirst("promote", model), text: `Promote ${rollout.canaryVersion}…` }),
     h("button", { type: "button", class: "danger", "data-key": `abort-${model}`,
       "data-action": "abort", onclick: () => askFirst("abort", model), text: "Abort…" }),
+    gates.has("pause") && !rollout.paused ? h("button", { type: "button",
+      "data-key": `pause-${model}`, "data-action": "pause",
+      onclick: () => askFirst("pause", model), text: "Pause…" }) : null,
+    gates.has("resume") && rollout.paused ? h("button", { type: "button",
+      "data-key": `resume-${model}`, "data-action": "resume",
+      onclick: () => act("resume", model, path("resume")), text: "Resume" }) : null,
+    gates.has("approve") && rollout.awaitingApproval ? h("button", { type: "button",
+      class: "primary", "data-key": `approve-${model}`, "data-action": "approve",
+      onclick: () => askFirst("approve", model), text: "Approve…" }) : null,
     ui.operator ? null : h("span", { class: "note", text: "Needs the operator credential (Actions)." }));
 }
 
@@ -931,6 +987,7 @@ function renderRollouts(state) {
       h("div", { class: "rollout-head" },
         h("h3", { id: `rollout-${r.id}`, text: `${r.model}: ${r.baselineVersion} → ${r.canaryVersion} (#${r.id})` }),
         rolloutStateText(r),
+        gateBadges(r),
         h("span", { class: "weight", text: `canary weight ${num(r.canaryWeightBp / 100, 2)} %` }),
         h("span", { text: `step ${Math.min(r.stepIndex + 1, r.stepPercents.length)} of ${r.stepPercents.length}` }),
         h("span", { class: "detail", text: `started ${clock(epoch(r.startedAt))}` })),
@@ -956,7 +1013,7 @@ function renderRollouts(state) {
       h("th", { scope: "row", text: r.id }),
       h("td", { text: r.model }),
       h("td", { text: `${r.baselineVersion} → ${r.canaryVersion}` }),
-      h("td", {}, rolloutStateText(r)),
+      h("td", {}, rolloutStateText(r), r.analysisOnly ? " (analysis only)" : ""),
       h("td", { class: "num", text: `${num(r.canaryWeightBp / 100, 2)} %` }),
       h("td", { text: new Date(epoch(r.startedAt) * 1000).toLocaleString("en-GB") }),
       h("td", { text: new Date(epoch(r.updatedAt) * 1000).toLocaleString("en-GB") }),
@@ -964,7 +1021,9 @@ function renderRollouts(state) {
     : h("p", { text: "None." }));
   const gates = state.capabilities ? state.capabilities.gates : [];
   document.getElementById("gates-note").textContent = gates && gates.length
-    ? `Rollout gates: ${gates.join(", ")}.`
+    ? `Rollout gates: ${gates.join(", ").replace("analysis_only", "analysis only")} ` +
+      "(pause, resume and approve act on a running rollout; analysis only is " +
+      "`halcyon rollout start --analysis-only`)."
     : "Rollout gates (pause, resume, approve, analysis only) are not available on this controller yet.";
 }
 
@@ -989,6 +1048,7 @@ function render(force) {
   }
   if (changed("rollouts", [state.rollouts, ui.decisions.size, state.outcomes, ui.confirm,
     ui.operator, state.routing])) {
+    ui.gates = doc.capabilities ? doc.capabilities.gates : [];
     renderRollouts({ ...state, capabilities: doc.capabilities });
   }
 }
