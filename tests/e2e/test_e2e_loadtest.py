@@ -103,9 +103,11 @@ def test_honouring_retry_info_measures_the_quota_and_retrying_at_once_storms(
     # Patient clients cost the gateway a few rejections per success; the storm, dozens.
     patient_ratio = patient["rejected"]["QUOTA_EXCEEDED"] / patient["ok"]
     storm_ratio = storm["rejected"]["QUOTA_EXCEEDED"] / storm["ok"]
-    # (Four clients wake for the same refill and one wins, so a few, not one.)
+    # (Four clients wake for the same refill and one wins, so a few, not one.) How many dozens
+    # the storm costs depends on how fast its clients can spin: ~25 on a starved 2-core CI
+    # runner under three test workers, many more on an idle one.
     assert patient_ratio < 6, patient
-    assert storm_ratio > 10 * patient_ratio, (patient_ratio, storm_ratio)
+    assert storm_ratio > 15 and storm_ratio > 5 * patient_ratio, (patient_ratio, storm_ratio)
 
 
 def test_calls_nobody_answers_as_halcyon_are_lost(quota_fleet: Any) -> None:
