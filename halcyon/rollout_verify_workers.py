@@ -30,7 +30,6 @@ import grpc
 from common.credentials import DEV_FLEET_TOKEN, DEV_MODE_ENV, FLEET_TOKEN_ENV
 from halcyon.fleet_cmd import drained
 from halcyon.operator_cli import CliError, Console
-from halcyon.stack_supervisor import parent_death_signal
 from halcyon.v1 import control_pb2
 
 __all__ = ["Drains", "Worker", "Workers"]
@@ -100,17 +99,11 @@ class Workers:
             *fault,
         ]  # fmt: skip
         # The fleet credential travels in the environment: never on a command line.
+        # No preexec_fn (a parent-death signal, as the stack's children have): it makes
+        # subprocess fork() rather than vfork(), and a fork of this process — its load threads
+        # inside gRPC — runs gRPC's fork handlers in the child, which abort there.
         proc = subprocess.Popen(
-            argv,
-            env=self._env,
-            stdout=log,
-            stderr=log,
-            stdin=subprocess.DEVNULL,
-            # As the stack's children: their own process group (a Ctrl-C reaches verify, which
-            # stops them in order), and SIGKILL should verify itself be killed — a verify
-            # killed by a timeout must not leave workers registered in the fleet.
-            process_group=0,
-            preexec_fn=parent_death_signal(os.getpid()),
+            argv, env=self._env, stdout=log, stderr=log, stdin=subprocess.DEVNULL
         )
         worker = Worker(version, proc, ready, log, replica_id)
         self._running.append(worker)
