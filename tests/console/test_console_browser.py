@@ -121,9 +121,16 @@ def test_the_page_loads_without_console_errors_and_shows_the_replicas_of_getstat
 ) -> None:
     open_page(driver, stack)
     want = {m.replica.replica_id for m in stack.get_state().replicas}
+    # Read in the page, in one call: the table is redrawn on every event, so an element found
+    # by one call may be gone by the next (a stale element, not a failure of the page).
     e2e.wait_for(
         lambda: (
-            {r.get_attribute("data-replica-id") for r in by_css(driver, "tr[data-replica-id]")}
+            set(
+                driver.execute_script(
+                    "return [...document.querySelectorAll('tr[data-replica-id]')]"
+                    ".map(r => r.dataset.replicaId)"
+                )
+            )
             == want
         ),
         WAIT_S,
@@ -136,7 +143,9 @@ def test_the_page_loads_without_console_errors_and_shows_the_replicas_of_getstat
         WAIT_S,
         "the event stream",
     )
-    row = by_css(driver, 'tr[data-replica-id="replica-b"]')[0].text
+    row = driver.execute_script(
+        "return document.querySelector('tr[data-replica-id=\"replica-b\"]').innerText"
+    )
     assert "v1" in row and "t4" in row and "0.60×" in row and "up" in row
     # Every panel draws without an error; the charts have labelled axes.
     for tab in ("traffic", "rollouts", "actions", "fleet"):
