@@ -48,7 +48,6 @@ from dataclasses import dataclass, field, replace
 
 from common.clock import Clock
 from controller.canary import (
-    ApprovalMode,
     ArmSummary,
     Decision,
     Gates,
@@ -63,7 +62,20 @@ from controller.decision_feed import DecisionFeed
 from controller.fleet_view import FleetView
 from controller.metrics import ControllerMetrics
 from controller.registry import FleetRegistry
+from controller.rollout_errors import (
+    AnalysisOnlyRollout,
+    DecisionNotStored,
+    NoActiveRollout,
+    NoCanaryReplica,
+    NoStableVersion,
+    NotAwaitingApproval,
+    RolloutAlreadyPaused,
+    RolloutBusy,
+    RolloutNotPaused,
+    UnknownModel,
+)
 from controller.rollout_evidence import RolloutEvidence
+from controller.rollout_gates import gate_note, gates_of, start_note
 from controller.rollout_policy import policy_from_dict, policy_to_dict
 from controller.routing_table import MAX_WEIGHT_BP, RoutingTable
 from controller.stable_versions import StableRecord, StableSource
@@ -104,116 +116,6 @@ _STATE_AFTER = {
     RolloutAction.ROLLBACK: RolloutStatus.ROLLED_BACK,
     RolloutAction.PROMOTE: RolloutStatus.PROMOTED,
 }
-
-
-# -- what can go wrong (the servicer maps these to statuses) -----------------------------------
-
-
-class UnknownModel(LookupError):
-    """No replica, configuration or rollout has ever named the model.
-
-    ``precondition``: raised by a start, where the model is a precondition of the rollout
-    rather than the thing looked up.
-    """
-
-    def __init__(self, model: str, *, precondition: bool = False) -> None:
-        super().__init__(
-            f"model {model!r} is unknown to the controller: no replica serves it, no stable "
-            "version is configured for it and it has no rollout history"
-        )
-        self.model = model
-        self.precondition = precondition
-
-
-class NoStableVersion(LookupError):
-    """The model has no stable version to compare a canary against."""
-
-    def __init__(self, model: str, versions: tuple[str, ...]) -> None:
-        listed = ", ".join(versions) or "none"
-        super().__init__(
-            f"model {model!r} has no stable version (registered versions: {listed}); "
-            f"configure one with --stable {model}=VERSION before rolling out a canary"
-        )
-        self.model = model
-
-
-class NoCanaryReplica(LookupError):
-    """The canary version has no live replica to send traffic to."""
-
-    def __init__(self, model: str, version: str) -> None:
-        super().__init__(
-            f"version {version!r} of model {model!r} has no live replica; start a worker "
-            f"with --model {model} --version {version} and wait for it to register"
-        )
-        self.model = model
-        self.version = version
-
-
-class RolloutBusy(RuntimeError):
-    """The model already has a running rollout."""
-
-    def __init__(self, rollout: RolloutRecord) -> None:
-        super().__init__(
-            f"model {rollout.model!r} already has a running rollout (id {rollout.id}: "
-            f"{rollout.canary_version} against {rollout.baseline_version}); promote or abort it "
-            "first"
-        )
-        self.rollout = rollout
-
-
-class NoActiveRollout(LookupError):
-    """Promote or abort named a model with no running rollout."""
-
-    def __init__(self, model: str) -> None:
-        super().__init__(f"model {model!r} has no running rollout")
-        self.model = model
-
-
-class DecisionNotStored(RuntimeError):
-    """The store refused an operator's decision; nothing changed, the caller may retry."""
-
-
-class RolloutAlreadyPaused(RuntimeError):
-    """Pause named a rollout that is paused already."""
-
-    def __init__(self, rollout: RolloutRecord) -> None:
-        super().__init__(
-            f"the rollout of {rollout.model!r} (id {rollout.id}) is already paused at "
-            f"{rollout.canary_weight_bp / 100:g}%; resume it with `halcyon rollout resume "
-            f"{rollout.model}`"
-        )
-        self.rollout = rollout
-
-
-class RolloutNotPaused(RuntimeError):
-    """Resume named a rollout that is not paused."""
-
-    def __init__(self, rollout: RolloutRecord) -> None:
-        super().__init__(
-            f"the rollout of {rollout.model!r} (id {rollout.id}) is not paused: it is "
-            f"progressing at {rollout.canary_weight_bp / 100:g}%"
-        )
-        self.rollout = rollout
-
-
-class NotAwaitingApproval(RuntimeError):
-    """Approve named a rollout that waits for no approval; the message says where it is."""
-
-    def __init__(self, rollout: RolloutRecord, why: str) -> None:
-        super().__init__(f"{rollout.model!r} (rollout id {rollout.id}): {why}")
-        self.rollout = rollout
-
-
-class AnalysisOnlyRollout(RuntimeError):
-    """Promote named an analysis-only rollout, which never moves traffic."""
-
-    def __init__(self, rollout: RolloutRecord) -> None:
-        super().__init__(
-            f"the rollout of {rollout.model!r} (id {rollout.id}) is analysis-only: it never "
-            "moves traffic or makes the canary stable; abort it, or start a rollout without "
-            "--analysis-only to ship the canary"
-        )
-        self.rollout = rollout
 
 
 @dataclass(frozen=True)
@@ -325,7 +227,7 @@ class RolloutManager:
                     "resumed",
                     "the controller restarted; resuming at step "
                     f"{record.step_index + 1} of {len(record.step_percents)} "
-                    f"({run.canary_percent:g}%) with fresh evidence" + _gate_note(record),
+                    f"({run.canary_percent:g}%) with fresh evidence" + gate_note(record),
                     percent,
                     percent,
                 )
@@ -356,7 +258,7 @@ class RolloutManager:
             started_at=now - elapsed,
             step_index=record.step_index,
             resumed_at=now,
-            gates=_gates_of(record),
+            gates=gates_of(record),
             awaiting_approval=record.awaiting_approval,
             resumes_in_step=record.resumes_in_step,
         )
@@ -568,7 +470,7 @@ class RolloutManager:
                 f"{canary} against {baseline}: steps "
                 f"{', '.join(f'{p:g}' for p in record.step_percents)} % then promote; "
                 f"{run.weight_bp / 100:g}% of sessions now go to {canary}"
-                + _start_note(request.gates),
+                + start_note(request.gates),
                 0.0,
                 run.weight_bp / 100,
             )
@@ -770,40 +672,3 @@ class RolloutManager:
             to_percent=to_percent,
             decided_at=self._wall.now(),
         )
-
-
-def _gates_of(record: RolloutRecord) -> Gates:
-    """The gates a stored rollout runs under."""
-    return Gates(
-        paused=record.paused,
-        auto_rollback=record.auto_rollback,
-        approval=ApprovalMode(record.approval),
-        analysis_only=record.analysis_only,
-    )
-
-
-def _start_note(gates: Gates) -> str:
-    """What a start decision says about the gates it was started with."""
-    notes = []
-    if gates.analysis_only:
-        notes.append(
-            "analysis only: every decision is recorded, traffic stays at the first step and "
-            "the canary is never made stable"
-        )
-    if gates.approval is ApprovalMode.PROMOTION:
-        notes.append("promotion waits for `halcyon rollout approve`")
-    elif gates.approval is ApprovalMode.EVERY_STEP:
-        notes.append("every advance and the promotion wait for `halcyon rollout approve`")
-    return "".join(f"; {n}" for n in notes)
-
-
-def _gate_note(record: RolloutRecord) -> str:
-    """What a restart's resume decision says about the gates still in force."""
-    notes = []
-    if record.paused:
-        notes.append("still paused" + ("" if record.auto_rollback else " (auto-rollback off)"))
-    if record.awaiting_approval:
-        notes.append("still awaiting approval")
-    if record.analysis_only:
-        notes.append("analysis only")
-    return "".join(f"; {n}" for n in notes)
