@@ -57,14 +57,11 @@ fmt: $(STAMP) ## Format and autofix with ruff
 # them (main suite 5:38, against 7:24 with two and ~11 min serially). PYTEST_JOBS= is serial.
 PYTEST_JOBS ?= -n 3 --dist loadfile
 # The lint and KServe's install are independent (the KServe virtualenv downloads for ~50 s while
-# ruff and mypy run): two jobs, each one's output kept together.
+# ruff and mypy run): two jobs, each one's output kept together. Both serving paths (ADR 0010)
+# are covered by tests/serving/contract, which runs every hot-method contract over each path.
 test: ## Lint, buf lint, stale-stub check, unit, property and end-to-end tests
 	@$(MAKE) --no-print-directory -j2 --output-sync=target lint $(KSERVE_STAMP)
 	$(VENV)/bin/pytest -q $(PYTEST_JOBS)
-	@echo "-- again through grpc.aio: the serving, gateway and worker tests (ADR 0010)"
-	HALCYON_SERVING_PATH=aio $(VENV)/bin/pytest -q $(PYTEST_JOBS) -m 'not e2e' tests/serving tests/gateway tests/worker \
-	  --ignore=tests/serving/test_keepalive.py --ignore=tests/worker/test_onnx_engine.py \
-	  --ignore=tests/worker/test_onnx_runtime.py  # transport options / no server: one run is enough
 
 test-reliability: $(STAMP) ## Fault scenarios under real load (~4 min); prints one table of outcomes
 	$(VENV)/bin/pytest -q -m reliability tests/reliability

@@ -5,7 +5,9 @@ What it decides: which scenario runs and how its results are shown. ``--scenario
 lines, or a plot); ``fleet`` and ``herd`` hand over to the routing benchmarks in
 ``bench.fleet``; ``rollout`` replays seeded canary rollouts through the real judge and its
 rivals, each swept over its knobs, and reports blast radius against A/A false-rollback rate
-(``bench.rollout_curves``, ``bench.rollout_report``). Every workload parameter of the batching
+(``bench.rollout_curves``, ``bench.rollout_report``); ``quotas`` enforces tenants' fleet-wide
+quotas on a churning fleet of gateways, per gateway in full, split statically, and by the
+controller's leases (``bench.quota_report``). Every workload parameter of the batching
 benchmark is a flag, so the claim "Halcyon beats the alternatives" can be tested on anyone's
 own traffic shape, or on a recorded trace (``--trace``).
 
@@ -21,6 +23,7 @@ import time
 from collections.abc import Sequence
 from typing import TextIO
 
+from bench.command_frame import run_subcommand
 from bench.markdown import markdown_table
 from bench.runner import Cell, Workload, run_cells
 from bench.sim import DeviceModel, SimResult
@@ -29,6 +32,9 @@ from bench.workload import WorkloadSpec
 from common.argtypes import non_negative, positive, probability
 from gateway.batching import Objective
 
+# The one-line help of `halcyon bench` (halcyon.tools.cli.SUBCOMMANDS names it too, so that
+# `halcyon --help` need not import this module; tests/tools/test_halcyon_cli.py keeps them equal).
+SUMMARY = "seeded discrete-event benchmarks (batching, fleet, herd, rollout, quotas)"
 DEFAULT_RATES = (40.0, 90.0, 200.0, 260.0)
 DEFAULT_SEED = 0xC0FFEE
 
@@ -107,10 +113,11 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Adds the benchmark's flags to ``parser`` (``halcyon bench`` and ``python -m bench``)."""
     parser.add_argument(
         "--scenario",
-        choices=("batching", "fleet", "herd", "rollout"),
+        choices=("batching", "fleet", "herd", "rollout", "quotas"),
         default="batching",
         help="batching strategies on one device, routing across a fleet, a herd of gateways, "
-        "or canary rollouts judged by Halcyon and its rivals (default %(default)s)",
+        "canary rollouts judged by Halcyon and its rivals, or fleet-wide tenant quotas "
+        "(default %(default)s)",
     )
     wl = parser.add_argument_group("workload (batching)")
     wl.add_argument(
@@ -220,7 +227,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--quick",
         action="store_true",
         help="a smoke run: 3 seeds, 6 A/A seeds, two settings per rival, Halcyon at its "
-        "default only (explicit --seeds / --aa-seeds still win)",
+        "default only (explicit --seeds / --aa-seeds still win); with --scenario quotas, "
+        "the same story in 120 s instead of 600 s",
     )
     ro.add_argument(
         "--rollout-rate",
@@ -313,6 +321,10 @@ def run(args: argparse.Namespace) -> int:
         return herd_main(args.seed, args.json, sys.stdout)
     if args.scenario == "rollout":
         return run_rollout(args, sys.stdout, sys.stderr)
+    if args.scenario == "quotas":
+        from bench.quota_report import quotas_main
+
+        return quotas_main(args.seed, args.quick, sys.stdout)
     try:
         return run_batching(args, sys.stdout, sys.stderr)
     except ValueError as exc:
@@ -500,6 +512,5 @@ def format_table(results: Sequence[SimResult]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m bench``: exactly ``halcyon bench`` (same help, errors and exit codes)."""
-    from halcyon.cli import main as halcyon_main
-
-    return halcyon_main(["bench", *(sys.argv[1:] if argv is None else argv)])
+    args = sys.argv[1:] if argv is None else argv
+    return run_subcommand("bench", sys.modules[__name__], SUMMARY, args)

@@ -29,8 +29,8 @@ read ``canary_percent`` — so the simulation drives them all the same way. A ju
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -43,22 +43,18 @@ from controller.canary import (
     JudgePolicy,
     RolloutAction,
     RolloutPhase,
-    RolloutRun,
     error_limit,
 )
 from controller.canary.progress import StepProgress
 from controller.canary.stats import sorted_quantile
 
 __all__ = [
-    "JUDGES",
     "FixedIntervalJudge",
     "Judge",
     "JudgeSetting",
     "OriginalJudge",
     "Span",
     "StepRival",
-    "build_judge",
-    "make_judge",
 ]
 
 FloatArray = npt.NDArray[np.float64]
@@ -281,86 +277,3 @@ class JudgeSetting:
 
     def get(self, name: str, default: float) -> float:
         return dict(self.params).get(name, default)
-
-
-Builder = Callable[[JudgeSetting, Sequence[float], JudgePolicy, float], Judge]
-
-
-def _halcyon(
-    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
-) -> Judge:
-    policy = replace(
-        policy,
-        false_alarm_rate=setting.get("false_alarm_rate", policy.false_alarm_rate),
-        window_s=setting.get("window_s", policy.window_s),
-    )
-    return RolloutRun(steps=steps, policy=policy, started_at=t0)
-
-
-def _original(
-    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
-) -> Judge:
-    policy = replace(
-        policy,
-        window_s=setting.get("window_s", policy.window_s),
-        unhealthy_windows_to_rollback=int(
-            setting.get("unhealthy", policy.unhealthy_windows_to_rollback)
-        ),
-    )
-    return OriginalJudge(steps, policy, t0)
-
-
-def _fixed(setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float) -> Judge:
-    return FixedIntervalJudge(
-        steps,
-        policy,
-        t0,
-        interval_s=setting.get("interval_s", FixedIntervalJudge.INTERVAL_S),
-        threshold=int(setting.get("threshold", FixedIntervalJudge.THRESHOLD)),
-    )
-
-
-def _flagger(
-    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float
-) -> Judge:
-    from bench.rollout_rivals import FlaggerJudge, flagger_settings
-
-    return FlaggerJudge(flagger_settings(setting), policy, t0)
-
-
-def _argo(setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, t0: float) -> Judge:
-    from bench.rollout_rivals import ArgoJudge, argo_settings
-
-    return ArgoJudge(argo_settings(setting), policy, t0)
-
-
-@dataclass(frozen=True)
-class JudgeFactory:
-    name: str
-    build: Builder
-
-
-JUDGES: tuple[JudgeFactory, ...] = (
-    JudgeFactory("halcyon", _halcyon),
-    JudgeFactory("original", _original),
-    JudgeFactory("fixed-interval", _fixed),
-    JudgeFactory("flagger", _flagger),
-    JudgeFactory("argo", _argo),
-)
-
-
-def build_judge(
-    setting: JudgeSetting, steps: Sequence[float], policy: JudgePolicy, started_at: float
-) -> Judge:
-    """The judge ``setting`` names, on Halcyon's ``steps`` (Flagger and Argo use their own)."""
-    for factory in JUDGES:
-        if factory.name == setting.judge:
-            return factory.build(setting, steps, policy, started_at)
-    raise ValueError(
-        f"unknown judge {setting.judge!r}: choose from {', '.join(j.name for j in JUDGES)}"
-    )
-
-
-def make_judge(name: str, steps: Sequence[float], policy: JudgePolicy, started_at: float) -> Judge:
-    """The judge ``name`` at its default settings."""
-    return build_judge(JudgeSetting(name), steps, policy, started_at)

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from bench.markdown import markdown_table
-from bench.rollout_judges import JUDGES, JudgeSetting, build_judge
+from bench.rollout_judge_registry import JUDGES, build_judge
+from bench.rollout_judges import JudgeSetting
 from bench.rollout_models import EVIDENCE_MODELS, EvidenceSource, make_source
 from bench.rollout_traffic import CASES, Case, TrafficModel
 from controller.canary import DEFAULT_STEPS, JudgePolicy, RolloutPhase

@@ -26,6 +26,7 @@ from gateway.batching import (
     Objective,
     OnlineCostModel,
     Rejected,
+    ReplicaSlots,
 )
 
 DEVICE_REPLICA = "device"
@@ -38,8 +39,7 @@ class GatewayBatcherScheduler:
         self.clock = ManualClock(0.0)
         self.batcher: DeadlineBatcher[TraceRequest] = DeadlineBatcher(self.clock, config)
         self.batcher.add_replica(
-            DEVICE_REPLICA,
-            slots=1,
+            ReplicaSlots(DEVICE_REPLICA),
             cost_model=OnlineCostModel(device.intercept_ms / 1000.0, device.ms_per_token / 1000.0),
         )
         self._in_flight = 0

@@ -11,8 +11,10 @@ every service Halcyon serves is named in :data:`METHOD_ACCESS` with what it need
 
 The gate is **fail-closed**: a method no rule names is refused (``PERMISSION_DENIED /
 UNLISTED_METHOD``) even though a handler exists, and :meth:`AuthPolicy.unlisted` lets a host
-refuse to start while any method it serves is missing from the table. Rejections happen in a
-server interceptor *before* the handler runs, so no servicer can forget a check:
+refuse to start while any method it serves is missing from the table. Rejections happen
+*before* the handler runs — for unary methods in the unary pipeline's auth layer
+(:meth:`AuthPolicy.layer_for`, ``common.pipeline``), for streaming methods in
+:class:`AuthInterceptor`; both ask :meth:`AuthPolicy.check` — so no servicer can forget one:
 
 * no token                         -> UNAUTHENTICATED, reason MISSING_CREDENTIALS
 * a token that is neither role's   -> UNAUTHENTICATED, reason INVALID_CREDENTIALS
@@ -36,8 +38,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from common.call import UnaryCall, Verdict
 from common.errors import Reason, RichError, abort, permission_denied, unauthenticated
 from common.handlers import same_kind_handler
+from common.pipeline import Layer
 
 __all__ = [
     "METHOD_ACCESS",
@@ -46,6 +50,7 @@ __all__ = [
     "AuthInterceptor",
     "AuthPolicy",
     "Role",
+    "TenantCheck",
     "bearer_metadata",
     "token_from_metadata",
 ]
@@ -98,6 +103,11 @@ METHOD_ACCESS: Mapping[str, Access] = {
     f"{_WORKER}Undrain": Access.FLEET,
     f"{_WORKER}Describe": Access.FLEET,
 }
+
+
+# A TENANT method's credential check, given by the service that knows its tenants: (the
+# call, its request not yet decoded) -> the rejection, or None when it carries a tenant key.
+TenantCheck = Callable[[UnaryCall], RichError | None]
 
 
 def _digest(token: str) -> bytes:
@@ -208,6 +218,37 @@ class AuthPolicy:
             return err
         return None
 
+    def layer_for(self, method: str, tenant_check: TenantCheck | None = None) -> Layer | None:
+        """The pipeline's auth layer for ``method``, or None when nothing needs checking: a
+        public method, or a tenant method whose service gave no ``tenant_check``."""
+        needed = self._rules.get(method)
+        if needed is Access.PUBLIC:
+            return None
+        if needed is Access.TENANT:
+            return None if tenant_check is None else _TenantAuth(tenant_check)
+        return _MethodAuth(self, method)
+
+
+class _MethodAuth(Layer):
+    """A role-checked (or unlisted) method: :meth:`AuthPolicy.check` per call."""
+
+    def __init__(self, policy: AuthPolicy, method: str) -> None:
+        self._check = policy.check
+        self._method = method
+
+    def admit(self, call: UnaryCall) -> Verdict:
+        return self._check(self._method, call.metadata)
+
+
+class _TenantAuth(Layer):
+    """A tenant method: its service's check of the tenant key, before the request is read."""
+
+    def __init__(self, check: TenantCheck) -> None:
+        self._check = check
+
+    def admit(self, call: UnaryCall) -> Verdict:
+        return self._check(call)
+
 
 def _rejecting_handler(handler: grpc.RpcMethodHandler, err: RichError) -> grpc.RpcMethodHandler:
     """A handler of the same kind as ``handler`` that only aborts with ``err``."""
@@ -219,7 +260,7 @@ def _rejecting_handler(handler: grpc.RpcMethodHandler, err: RichError) -> grpc.R
 
 
 class AuthInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Rejects calls per an :class:`AuthPolicy` before their handler runs."""
+    """Rejects streaming calls per an :class:`AuthPolicy` before their handler runs."""
 
     def __init__(self, policy: AuthPolicy) -> None:
         self._policy = policy

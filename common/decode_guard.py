@@ -1,27 +1,24 @@
-"""Request bytes that do not parse: INVALID_ARGUMENT for every method grpc.aio serves.
+"""Request bytes that do not parse: INVALID_ARGUMENT, on every path a request is decoded.
 
-What it decides: how a server answers a request message it cannot decode. ``grpc.aio`` runs a
-method's ``request_deserializer`` itself — before the handler for a unary request, on each
-``async for`` step or ``await context.read()`` of a request stream — and when it raises
-(protobuf's ``DecodeError``) the call ends ``UNKNOWN`` with a Python repr as its message: no
-``ErrorInfo``, nothing a client can act on. :class:`DecodeGuard` is a server interceptor that
-gives each method handler
+What it decides: how a server answers a request message it cannot decode — ``INVALID_ARGUMENT``
+(``ErrorInfo`` reason ``INVALID_FIELD``, a ``BadRequest`` naming ``request`` and the message
+type, :func:`common.errors.undecodable`) instead of the ``UNKNOWN`` with a Python repr that
+``grpc.aio`` gives when a ``request_deserializer`` raises — and which message type that names
+(:func:`message_type_of`).
 
-* a deserializer that never raises: bytes that do not parse become :data:`UNDECODABLE`;
-* a behaviour that answers :data:`UNDECODABLE` with ``INVALID_ARGUMENT`` (``ErrorInfo`` reason
-  ``INVALID_FIELD``, a ``BadRequest`` naming ``request`` and the message type — the answer the
-  completion-queue endpoints give, :func:`common.errors.undecodable`) — wherever the servicer
-  meets it: as the unary request, from the request iterator, or from ``context.read()`` (the
-  servicer gets a context whose ``read()`` does the same).
+Unary methods are decoded once, by the unary pipeline's decode step (``common.pipeline``), on
+both transports. What is left for this module is what the pipeline does not carry:
 
-Why an interceptor, and why innermost (last in the server's list): it is written once and
-composed onto every service a :class:`common.serving.ServiceHost` serves, like the auth gate.
-Inside the auth gate, a caller without credentials still gets ``UNAUTHENTICATED``: the gate's
-rejecting handler keeps the guarded deserializer and never looks at the request. A guarded
-handler is built once per method and reused, so a call pays one identity check on its request
-(and one per streamed message); methods without a deserializer (raw bytes) are left alone.
-The completion-queue fast path (``common.raw_unary``) never goes through here: its adapters
-decode the bytes themselves.
+* streaming methods ``grpc.aio`` serves: :class:`DecodeGuard`, a server interceptor, gives each
+  handler a deserializer that never raises (bytes that do not parse become
+  :data:`UNDECODABLE`) and a behaviour that answers :data:`UNDECODABLE` wherever the servicer
+  meets it — from the request iterator, or from ``context.read()`` (the servicer gets a
+  context whose ``read()`` does the same). Innermost, inside the auth gate: a caller without
+  credentials still gets ``UNAUTHENTICATED``;
+* the synchronous probe server (``common.health.ProbeServer``): :func:`guard_sync_handler`.
+
+A guarded handler is built once per method and reused; methods without a deserializer (raw
+bytes) are left alone.
 """
 
 from __future__ import annotations
@@ -34,10 +31,10 @@ import grpc
 import grpc.aio
 from google.protobuf import descriptor_pool
 
-from common.errors import RichError, abort, undecodable
+from common.errors import RichError, abort, abort_sync, undecodable
 from common.handlers import behaviour_of, same_kind_handler
 
-__all__ = ["UNDECODABLE", "DecodeGuard", "guard_handler"]
+__all__ = ["UNDECODABLE", "DecodeGuard", "guard_handler", "guard_sync_handler", "message_type_of"]
 
 
 class _Undecodable:
@@ -53,7 +50,7 @@ class _Undecodable:
 UNDECODABLE: Final = _Undecodable()
 
 
-def _message_type(method: str, deserializer: Callable[[bytes], Any]) -> str:
+def message_type_of(method: str, deserializer: Callable[[bytes], Any]) -> str:
     """The full name of the message ``deserializer`` parses, for the error a client reads: the
     class a generated deserializer (its bound ``FromString``) belongs to, else the method's
     input type in the descriptor pool."""
@@ -140,7 +137,7 @@ def _guard_behaviour(
     if inspect.iscoroutinefunction(inner) and not request_streaming:
 
         async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            # The hot shape (Infer on the aio path): no helper call.
+            # A unary request: checked here, without a helper call.
             if request is UNDECODABLE:
                 await abort(context, err)
             return await inner(request, context)
@@ -160,7 +157,7 @@ def guard_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethod
     deserializer = handler.request_deserializer
     if deserializer is None:
         return handler
-    err = undecodable(_message_type(method, deserializer))
+    err = undecodable(message_type_of(method, deserializer))
     behaviour = _guard_behaviour(behaviour_of(handler), handler.request_streaming, err)
     return same_kind_handler(handler, behaviour, request_deserializer=_guarded(deserializer))
 
@@ -187,3 +184,21 @@ class DecodeGuard(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         guarded = guard_handler(method, handler)
         self._guarded[method] = (handler, guarded)
         return guarded
+
+
+def guard_sync_handler(method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+    """``handler`` of a synchronous ``grpc.server`` (unary request) answering bytes that do
+    not parse with :func:`common.errors.undecodable`; ``handler`` itself when it has no
+    deserializer or takes a request stream."""
+    deserializer = handler.request_deserializer
+    if deserializer is None or handler.request_streaming:
+        return handler
+    err = undecodable(message_type_of(method, deserializer))
+    inner = behaviour_of(handler)
+
+    def behaviour(request: Any, context: grpc.ServicerContext) -> Any:
+        if request is UNDECODABLE:
+            abort_sync(context, err)
+        return inner(request, context)
+
+    return same_kind_handler(handler, behaviour, request_deserializer=_guarded(deserializer))

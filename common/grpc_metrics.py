@@ -13,7 +13,9 @@ client cancelling (``asyncio.CancelledError``; ``Canceled``, or ``DeadlineExceed
 deadline ran out), or by any other exception (``Unknown`` unless a code was set first). The
 interceptor reads ``context.code()`` after the handler in every case.
 
-Messages are counted for unary calls, request iterators and async-generator responses; a
+Unary calls are counted by the unary pipeline's metrics layer (:mod:`common.call_metrics`) on
+either transport; :class:`ServerMetricsInterceptor` counts the streaming calls ``grpc.aio``
+serves. Messages are counted for unary calls, request iterators and async-generator responses; a
 handler that uses ``context.read()`` / ``context.write()`` directly is not counted.
 """
 
@@ -23,7 +25,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
@@ -36,10 +38,13 @@ __all__ = [
     "ClientMetricsInterceptors",
     "GrpcClientMetrics",
     "GrpcServerMetrics",
+    "MethodCounts",
     "ServerMetricsInterceptor",
     "UnaryClientRecorder",
     "code_name",
+    "ended_code",
     "split_method",
+    "status_code",
 ]
 
 # Seconds; from sub-millisecond health checks to multi-second batches and long streams.
@@ -84,6 +89,15 @@ def code_name(code: grpc.StatusCode | int | None) -> str:
     if isinstance(code, int):
         code = _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
     return _GO_NAMES.get(code, "Unknown")
+
+
+def status_code(code: grpc.StatusCode | int | None) -> grpc.StatusCode:
+    """A status as ``grpc.aio`` reports it (a code, its number, or None for OK) as a code."""
+    if code is None:
+        return grpc.StatusCode.OK
+    if isinstance(code, int):
+        return _BY_VALUE.get(code, grpc.StatusCode.UNKNOWN)
+    return code
 
 
 def split_method(full_method: str) -> tuple[str, str]:
@@ -153,39 +167,58 @@ class GrpcClientMetrics(_CallMetrics):
         super().__init__("client", registry)
 
 
-def _ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> str:
+def ended_code(context: grpc.aio.ServicerContext, exc: BaseException | None) -> grpc.StatusCode:
     """The status the call ended with, as observed after the handler."""
-    code = context.code()
+    code = status_code(context.code())
     if isinstance(exc, (asyncio.CancelledError, GeneratorExit)):
         try:
             expired = context.time_remaining() is not None and context.time_remaining() <= 0
         except Exception:  # best effort: the call may already be torn down
             expired = False
-        return "DeadlineExceeded" if expired else "Canceled"
-    if exc is not None and (code is None or code_name(code) == "OK"):
-        return "Unknown"
-    return code_name(code)
+        return grpc.StatusCode.DEADLINE_EXCEEDED if expired else grpc.StatusCode.CANCELLED
+    if exc is not None and code is grpc.StatusCode.OK:
+        return grpc.StatusCode.UNKNOWN
+    return code
+
+
+class _Increments(Protocol):
+    def inc(self) -> None: ...
+
+
+class MethodCounts(Protocol):
+    """One method's children, as :mod:`common.call_metrics` keeps them for the unary pipeline
+    (``MethodMetrics``): the streaming interceptor counts through the same objects."""
+
+    @property
+    def started(self) -> _Increments: ...
+
+    @property
+    def received(self) -> _Increments: ...
+
+    @property
+    def sent(self) -> _Increments: ...
+
+    def finished(self, started: float, code: grpc.StatusCode) -> None: ...
 
 
 class _ServerCall:
-    """Bookkeeping for one server call: labels, start time, and the final observation."""
+    """Bookkeeping for one streaming server call: its method's counts and start time."""
 
-    def __init__(self, metrics: GrpcServerMetrics, method: str, grpc_type: str) -> None:
-        service, name = split_method(method)
-        self.labels = (service, name, grpc_type)
-        self.metrics = metrics
+    __slots__ = ("counts", "start")
+
+    def __init__(self, counts: MethodCounts) -> None:
+        self.counts = counts
         self.start = time.perf_counter()
-        metrics.started.labels(*self.labels).inc()
+        counts.started.inc()
 
     def received(self) -> None:
-        self.metrics.received.labels(*self.labels).inc()
+        self.counts.received.inc()
 
     def sent(self) -> None:
-        self.metrics.sent.labels(*self.labels).inc()
+        self.counts.sent.inc()
 
     def finish(self, context: grpc.aio.ServicerContext, exc: BaseException | None) -> None:
-        self.metrics.handled.labels(*self.labels, _ended_code(context, exc)).inc()
-        self.metrics.seconds.labels(*self.labels).observe(time.perf_counter() - self.start)
+        self.counts.finished(self.start, ended_code(context, exc))
 
 
 async def _counted(iterator: AsyncIterable[Any], call: _ServerCall) -> AsyncIterator[Any]:
@@ -199,10 +232,11 @@ async def _maybe_await(value: Any) -> Any:
 
 
 class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """Wraps every handler kind to count starts, codes, durations and messages."""
+    """Wraps every handler kind to count starts, codes, durations and messages, through
+    ``counts(method, grpc_type)`` (``common.call_metrics.CallMetrics.for_method``)."""
 
-    def __init__(self, metrics: GrpcServerMetrics) -> None:
-        self._metrics = metrics
+    def __init__(self, counts: Callable[[str, str], MethodCounts]) -> None:
+        self._counts = counts
 
     async def intercept_service(
         self,
@@ -237,10 +271,10 @@ class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
     def _wrap_unary_response(
         self, inner: Callable[..., Any], method: str, kind: str, request_streaming: bool
     ) -> Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]:
-        metrics = self._metrics
+        counts = self._counts
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
-            call = _ServerCall(metrics, method, kind)
+            call = _ServerCall(counts(method, kind))
             if request_streaming:
                 request = _counted(request, call)
             else:
@@ -260,12 +294,12 @@ class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
     def _wrap_stream_response(
         self, inner: Callable[..., Any], method: str, kind: str, request_streaming: bool
     ) -> Callable[[Any, grpc.aio.ServicerContext], Any]:
-        metrics = self._metrics
+        counts = self._counts
 
         if inspect.isasyncgenfunction(inner):
 
             async def handle_gen(request: Any, context: grpc.aio.ServicerContext) -> Any:
-                call = _ServerCall(metrics, method, kind)
+                call = _ServerCall(counts(method, kind))
                 if request_streaming:
                     request = _counted(request, call)
                 else:
@@ -283,7 +317,7 @@ class ServerMetricsInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc
 
         async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
             # A coroutine handler that streams with context.write(): messages are not counted.
-            call = _ServerCall(metrics, method, kind)
+            call = _ServerCall(counts(method, kind))
             if request_streaming:
                 request = _counted(request, call)
             else:

@@ -13,7 +13,9 @@ on every change.
 ``grpc.server`` with the library's thread-safe ``grpc_health`` servicer), not from the event
 loop: a saturated loop cannot delay a Kubernetes probe past its timeout, and a wedged loop
 still gets its liveness answered NOT_SERVING (``common.liveness`` judges it). Plaintext only:
-the kubelet's gRPC probes speak no TLS, so bind it where only the kubelet reaches.
+the kubelet's gRPC probes speak no TLS, so bind it where only the kubelet reaches. Bytes that do
+not parse as a ``HealthCheckRequest`` are answered as on the main port: ``INVALID_ARGUMENT``
+with the decode guard's typed reason (:func:`common.decode_guard.guard_sync_handler`).
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from concurrent import futures
+from typing import Any
 
 import grpc
 import grpc.aio
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from common.decode_guard import guard_sync_handler
 
 __all__ = ["NOT_SERVING", "SERVING", "HealthService", "ProbeServer"]
 
@@ -81,6 +86,38 @@ class HealthService(health_pb2_grpc.HealthServicer):  # type: ignore[misc]
             await event.wait()
 
 
+class _Guarded(grpc.GenericRpcHandler):  # type: ignore[misc]
+    """A generic handler whose method handlers are guarded by ``guard_sync_handler``."""
+
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+        self._built: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> Any:
+        handler = self._inner.service(handler_call_details)
+        if handler is None:
+            return None
+        method = handler_call_details.method
+        built = self._built.get(method)
+        if built is None or built[0] is not handler:
+            built = self._built[method] = (handler, guard_sync_handler(method, handler))
+        return built[1]
+
+
+class _GuardedRegistration:
+    """What ``add_HealthServicer_to_server`` sees: its generic handlers are guarded (and its
+    registered-method form dropped, which would bypass them)."""
+
+    def __init__(self, server: grpc.Server) -> None:
+        self._server = server
+
+    def add_generic_rpc_handlers(self, handlers: Any) -> None:
+        self._server.add_generic_rpc_handlers(tuple(_Guarded(h) for h in handlers))
+
+    def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
+        pass  # the guarded generic handlers serve the same methods
+
+
 class ProbeServer:
     """``grpc.health.v1`` on its own port, answered by gRPC's thread pool (thread-safe ``set``)."""
 
@@ -93,7 +130,9 @@ class ProbeServer:
             futures.ThreadPoolExecutor(2, thread_name_prefix="probe"),
             options=[("grpc.so_reuseport", 0)],
         )
-        health_pb2_grpc.add_HealthServicer_to_server(self._servicer, self._server)
+        health_pb2_grpc.add_HealthServicer_to_server(
+            self._servicer, _GuardedRegistration(self._server)
+        )
         try:
             self.port: int = self._server.add_insecure_port(listen)
         except RuntimeError as exc:

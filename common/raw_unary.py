@@ -29,15 +29,16 @@ visible to a watchdog thread (:meth:`RawUnaryEndpoint.stalled_since`), so a loop
 queue and stops taking from it is noticed too (``common.liveness``). Shutdown never starts an
 operation on a queue that was shut down (gRPC core aborts the process if one does).
 
-Answers: the handler gets a :class:`RawCall` on the loop thread and must answer it exactly once
-with :meth:`RawCall.reply` or :meth:`RawCall.fail`; a call the client cancels (or whose deadline
-passes) first runs its ``on_cancel`` callback, and later answers are dropped. Every call is
-counted under the conventional ``grpc_server_*`` families, exactly as the aio interceptor counts
-the process's other methods.
+Policy: none. Each received call is a :class:`RawCall` (a :class:`common.call.UnaryCall`)
+handed on the loop thread to the method's :class:`common.pipeline.UnaryPipeline`, which
+measures, traces, gates, checks and decodes it and runs its handler; the endpoint sends the one
+answer it is told to (:meth:`RawCall.reply` or :meth:`RawCall.reject`) and tells the pipeline
+how the call ended. A call the client cancels (or whose deadline passes) first runs its
+``on_cancel`` callback, and later answers are dropped.
 
 Parts: the verified grpcio releases (:data:`VERIFIED_GRPCIO`) and the internals' expected shape
-live in ``common.raw_unary_gate``, the method's ``grpc_server_*`` children (``_MethodMetrics``)
-in ``common.raw_unary_metrics``; both are imported back here. The checks stay here, by ``cygrpc``.
+live in ``common.raw_unary_gate`` and are imported back here. The checks stay here, by
+``cygrpc``.
 """
 
 from __future__ import annotations
@@ -51,15 +52,16 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
+from opentelemetry import trace
 
-from common.errors import Reason, RichError
-from common.grpc_metrics import GrpcServerMetrics, code_name
+from common.call import Metadata, cancelled_code
+from common.errors import RichError, internal
+from common.pipeline import UnaryPipeline, handler_failed
 from common.raw_unary_gate import _ATTRIBUTES, _SIGNATURES, VERIFIED_GRPCIO
-from common.raw_unary_metrics import _MethodMetrics
 
 try:  # grpc internals: absent or changed -> fast_path_refusal() says why, grpc.aio serves
     from grpc._cython import cygrpc
@@ -74,7 +76,6 @@ __all__ = [
     "RawCall",
     "RawUnaryEndpoint",
     "ServingPathError",
-    "_MethodMetrics",
     "fast_path_refusal",
 ]
 
@@ -92,10 +93,8 @@ _PUMP_BATCH = 32
 # At most one traceback per this many seconds for failed events (the rest are counted).
 _FAILURE_LOG_INTERVAL_S = 10.0
 
-Metadata = Sequence[tuple[str, str | bytes]]
-Handler = Callable[["RawCall"], None]
-# A test hook: called with ("event", call) on the loop before a received call is authorized and
-# handled, and with ("poll", None) on the poller thread after each event it takes. Raising (or
+# A test hook: called with ("event", call) on the loop before a received call enters the
+# pipeline, and with ("poll", None) on the poller thread after each event it takes. Raising (or
 # blocking) there is a fault in the pump itself, outside any handler.
 FaultHook = Callable[[str, "RawCall | None"], None]
 
@@ -197,41 +196,36 @@ _NEW_CALL = _NewCall()
 _SENT = _Sent()
 _OK_VALUE = grpc.StatusCode.OK.value[0]
 _INTERNAL = grpc.StatusCode.INTERNAL
-
-
-_NO_REQUEST = RichError(
-    _INTERNAL, "the call ended before its request arrived", reason=Reason.INTERNAL
-)
-
-
-def _pump_error(method: str, exc: BaseException) -> RichError:
-    """What a call gets when handling one of its events failed outside its handler."""
-    return RichError(
-        _INTERNAL,
-        f"internal error serving {method} ({type(exc).__name__})",
-        reason=Reason.INTERNAL,
-    )
+_OK = grpc.StatusCode.OK
+_NO_REQUEST = internal("the call ended before its request arrived")
 
 
 class RawCall:
-    """One call of the method: its metadata, deadline and request bytes, and its one answer."""
+    """One call of the method: its metadata, deadline and request bytes, and its one answer
+    (a :class:`common.call.UnaryCall`)."""
 
     __slots__ = (
         "_call",
         "_endpoint",
-        "_started",
+        "_handed",
         "_state",
         "deadline",
         "metadata",
+        "method",
         "on_cancel",
         "request",
+        "span",
+        "started",
     )
 
     def __init__(self, endpoint: RawUnaryEndpoint, call: Any, metadata: Metadata, deadline: float):
         self._endpoint = endpoint
         self._call = call
         self._state = _RECEIVING
-        self._started = time.perf_counter()
+        self._handed = False  # given to the pipeline, which then hears how the call ended
+        self.started = time.perf_counter()
+        self.method = endpoint.method
+        self.span: trace.Span = trace.INVALID_SPAN
         self.metadata = metadata
         # Absolute, in time.time() seconds; None when the client set no deadline.
         self.deadline: float | None = None if deadline > _NO_DEADLINE else deadline
@@ -258,7 +252,7 @@ class RawCall:
             return
         self._state = _ANSWERED
         ops = _build_ops((), _OK_VALUE, b"", payload)
-        self._endpoint._finish(self, ops, grpc.StatusCode.OK, sent=True)
+        self._endpoint._finish(self, ops, _OK, "")
 
     def reject(self, err: RichError) -> None:
         """Answer with a typed rejection and its rich details; dropped if ended."""
@@ -270,7 +264,7 @@ class RawCall:
             return
         self._state = _ANSWERED
         ops = _build_ops(trailers, code.value[0], details.encode("utf-8", "replace"), None)
-        self._endpoint._finish(self, ops, code, sent=False)
+        self._endpoint._finish(self, ops, code, details)
 
 
 def _core_server(server: grpc.aio.Server) -> Any | None:
@@ -289,27 +283,12 @@ def _core_server(server: grpc.aio.Server) -> Any | None:
 class RawUnaryEndpoint:
     """Serves one unary method (``/pkg.Service/Method``) off a private completion queue."""
 
-    def __init__(
-        self,
-        method: str,
-        handler: Handler,
-        metrics: GrpcServerMetrics | None = None,
-    ) -> None:
-        self.method = method
-        self._handler = handler
-        self._metrics = _MethodMetrics(metrics, method) if metrics is not None else None
-        # Set by the host when its other methods are guarded by an auth interceptor, which
-        # this endpoint bypasses: (method, metadata) -> the rejection, or None to proceed.
-        self.authorize: Callable[[str, Metadata], RichError | None] | None = None
-        # Set by the host just before it stops: takes each received call instead of the
-        # handler (returns True), so none arrives pending at the stop (common.stop_gate).
-        self.hold: Callable[[RawCall], bool] | None = None
+    def __init__(self, pipeline: UnaryPipeline) -> None:
+        self.method = pipeline.method
+        self._pipeline = pipeline
         # Set by the host: called on the loop, once, when the pump cannot go on.
         self.on_failure: Callable[[str], None] | None = None
         self.fault_hook: FaultHook | None = None
-        # Requests above this many bytes are refused before any parsing, with a typed error
-        # (the gRPC core's own, larger limit answers without one).
-        self.max_request_bytes: int | None = None
         self._core: Any = None
         self._cq: Any = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -377,11 +356,6 @@ class RawUnaryEndpoint:
             target=self._poll_forever, name=f"cq:{self.method}", daemon=True
         )
         self._thread.start()
-
-    def flush_metrics(self) -> None:
-        """Hand buffered counts to Prometheus (a scrape hook; any thread)."""
-        if self._metrics is not None:
-            self._metrics.flush()
 
     def stop_accepting(self) -> None:
         """Request no more calls (the server's own shutdown refuses new ones)."""
@@ -520,8 +494,6 @@ class RawUnaryEndpoint:
             if self._accepting:
                 self._request_call()
             raw = RawCall(self, event.call, event.invocation_metadata, event.call_details.deadline)
-            if self._metrics is not None:
-                self._metrics.started.inc()
             call = event.call
             try:
                 call.start_server_batch((cygrpc.ReceiveCloseOnServerOperation(0),), _Close(raw))
@@ -550,39 +522,12 @@ class RawUnaryEndpoint:
             # No request message: the client ended the call without one (or cancelled).
             raw.reject(_NO_REQUEST)
             return
-        if self._metrics is not None:
-            self._metrics.received.inc()
         raw.request = message
         raw._state = _HANDLING
         if self.fault_hook is not None:
             self.fault_hook("event", raw)
-        if self.max_request_bytes is not None and len(message) > self.max_request_bytes:
-            raw.reject(
-                RichError(
-                    grpc.StatusCode.RESOURCE_EXHAUSTED,
-                    f"the request is {len(message)} bytes; {self.method} takes at most "
-                    f"{self.max_request_bytes}",
-                    reason=Reason.MESSAGE_TOO_LARGE,
-                    metadata={
-                        "size_bytes": str(len(message)),
-                        "limit_bytes": str(self.max_request_bytes),
-                    },
-                )
-            )
-            return
-        if self.hold is not None and self.hold(raw):
-            return
-        if self.authorize is not None:
-            refused = self.authorize(self.method, raw.metadata)
-            if refused is not None:
-                raw.reject(refused)
-                return
-        try:
-            self._handler(raw)
-        except Exception as exc:
-            _log.exception("%s handler failed", self.method)
-            if raw.open:
-                raw.reject(_pump_error(self.method, exc))
+        raw._handed = True
+        self._pipeline.run(raw)
 
     def _closed(self, raw: RawCall, cancelled: bool) -> None:
         if raw._state >= _ANSWERED:
@@ -590,8 +535,8 @@ class RawUnaryEndpoint:
         # The client cancelled, its deadline passed, or the server cancelled every call at the
         # end of a shutdown grace: the call is over before an answer went out.
         raw._state = _CANCELLED
-        expired = raw.deadline is not None and time.time() >= raw.deadline
-        self._observe(raw, "DeadlineExceeded" if expired else "Canceled", sent=False)
+        if raw._handed:
+            self._pipeline.ended(raw, cancelled_code(raw, time.time()), "")
         callback = raw.on_cancel
         raw.on_cancel = None
         if callback is not None:
@@ -601,11 +546,12 @@ class RawUnaryEndpoint:
                 _log.exception("%s cancellation callback failed", self.method)
 
     def _finish(
-        self, raw: RawCall, ops: tuple[Any, ...], code: grpc.StatusCode, sent: bool
+        self, raw: RawCall, ops: tuple[Any, ...], code: grpc.StatusCode, details: str
     ) -> None:
         raw.on_cancel = None
         if self._closing:  # the queue is shut down; the server's stop ended the call
-            self._observe(raw, "Canceled", sent=False)
+            if raw._handed:
+                self._pipeline.ended(raw, grpc.StatusCode.CANCELLED, "")
             return
         try:
             raw._call.start_server_batch(ops, _SENT)
@@ -614,8 +560,9 @@ class RawUnaryEndpoint:
             # call alone fails; cancel it so its client is not left waiting.
             self._count_failure(exc)
             self._cancel(raw._call)
-            code, sent = _INTERNAL, False
-        self._observe(raw, code_name(code), sent=sent)
+            code, details = _INTERNAL, "the answer could not be sent"
+        if raw._handed:
+            self._pipeline.ended(raw, code, details)
 
     # -- faults --------------------------------------------------------------------------------
 
@@ -631,10 +578,10 @@ class RawUnaryEndpoint:
         try:
             if raw is not None:
                 if raw.open:
-                    raw.reject(_pump_error(self.method, exc))
+                    raw.reject(handler_failed(self.method, exc))
             elif tag is _NEW_CALL and getattr(event, "call", None) is not None:
                 # The call could not even be set up: answer it bare, or cancel it.
-                err = _pump_error(self.method, exc)
+                err = handler_failed(self.method, exc)
                 details = err.message.encode()
                 ops = _build_ops(err.trailing_metadata(), err.code.value[0], details, None)
                 event.call.start_server_batch(ops, _SENT)
@@ -682,12 +629,3 @@ class RawUnaryEndpoint:
             self.on_failure(self.failure)  # the host logs it, with what it does about it
         else:
             _log.error("%s: the completion-queue path cannot go on: %s", self.method, self.failure)
-
-    def _observe(self, raw: RawCall, code: str, sent: bool) -> None:
-        metrics = self._metrics
-        if metrics is None:
-            return
-        if sent:
-            metrics.sent.inc()
-        metrics.handled(code).inc()
-        metrics.seconds.observe(time.perf_counter() - raw._started)

@@ -20,9 +20,13 @@ What :class:`ServiceHost` adds on top:
 * which path serves the hot unary methods (``--serving-path``, ADR 0010): the completion-queue
   endpoints (``common.raw_unary``) where grpcio is a verified release, else ``grpc.aio``, said
   in one log line; an endpoint that fails for good turns liveness off and stops the process;
-* server reflection, ``grpc_server_*`` and process metrics plus ``halcyon_build_info``
-  (:mod:`common.build_info`) on a per-host registry, the auth gate (:mod:`common.auth`,
-  fail-closed), the decode guard (:mod:`common.decode_guard`) and OpenTelemetry RPC spans;
+* one unary pipeline (:mod:`common.pipeline`) per unary method, composed here in one order
+  (:meth:`ServiceHost._layers`) and run by both transports — the completion queue and
+  ``grpc.aio`` (:mod:`common.aio_unary`): RPC spans, ``grpc_server_*`` metrics, the stop gate,
+  the method's size limit, the auth gate (:mod:`common.auth`, fail-closed), decoding and
+  error mapping. Streaming methods get the same concerns from ``grpc.aio`` interceptors;
+* server reflection, process metrics plus ``halcyon_build_info`` (:mod:`common.build_info`) on
+  a per-host registry;
 * a ready file written atomically after binding, so scripts and tests learn ephemeral ports;
 * graceful shutdown on SIGTERM/SIGINT: readiness off, keep serving for ``--drain-delay``, the
   caller's drain hook, then new calls held until none is pending in gRPC's transport
@@ -50,6 +54,7 @@ import grpc.aio
 from google.protobuf import descriptor_pool
 from grpc_health.v1 import health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
+from opentelemetry import trace
 from prometheus_client import (
     CollectorRegistry,
     Gauge,
@@ -58,14 +63,17 @@ from prometheus_client import (
     ProcessCollector,
 )
 
-from common.auth import Access, AuthInterceptor, AuthPolicy
+from common.aio_unary import PipelinedHandlers, StreamingOnly, call_style_handler
+from common.auth import AuthInterceptor, AuthPolicy, TenantCheck
 from common.buffered_metrics import ScrapeHooks
 from common.build_info import export_build_info
-from common.decode_guard import DecodeGuard
-from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor
+from common.call_metrics import CallMetrics
+from common.decode_guard import DecodeGuard, message_type_of
+from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor, split_method
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
 from common.liveness import LIVE, LivenessWatchdog, Verdict
 from common.metrics_http import _MetricsHttpServer, _QuietHandler, _ThreadingWSGIServer
+from common.pipeline import Layer, UnaryHandler, UnaryPipeline
 from common.ports import describe_port_holders
 from common.raw_unary import RawUnaryEndpoint, ServingPathError, fast_path_refusal
 from common.serving_flags import (
@@ -89,8 +97,9 @@ from common.serving_options import (
     parse_hostport,
     server_options,
 )
+from common.size_limit import SizeLimit
 from common.stop_gate import StopGate
-from common.tracing import server_interceptor
+from common.tracing import StreamTracing, TracingLayer, traced
 
 __all__ = [
     "DEFAULT_DRAIN_DELAY_S",
@@ -124,7 +133,7 @@ __all__ = [
 LIVENESS = "liveness"
 READINESS = "readiness"
 _HEALTH_SERVICE = "grpc.health.v1.Health"
-_OPEN = (Access.PUBLIC, Access.TENANT)  # the auth gate lets these through to the handler
+_NEVER_HELD = f"/{_HEALTH_SERVICE}/"  # health is answered to the end, never held
 # After the drain hook, before the stop (ServiceHost.quiesce): new calls are held until none has
 # arrived for STOP_QUIET_S (gRPC's pending calls have all been taken), STOP_HOLD_LIMIT_S at most.
 # 50 ms: 32 closed-loop clients' calls were all held within ~8 ms of the gate closing.
@@ -149,13 +158,17 @@ class ServingFailed(Exception):
 
 
 class _GenericOnly:
-    """What a generated ``add_*Servicer_to_server`` sees: it may add generic handlers only."""
+    """What a generated ``add_*Servicer_to_server`` sees: it may add generic handlers only,
+    and each of its unary methods is served behind its pipeline (``common.aio_unary``)."""
 
-    def __init__(self, server: grpc.aio.Server) -> None:
-        self._server = server
+    def __init__(self, host: ServiceHost) -> None:
+        self._host = host
 
     def add_generic_rpc_handlers(self, handlers: Any) -> None:
-        self._server.add_generic_rpc_handlers(handlers)
+        host = self._host
+        host.server.add_generic_rpc_handlers(
+            tuple(PipelinedHandlers(h, host._servicer_pipeline, host._unary) for h in handlers)
+        )
 
     def add_registered_method_handlers(self, service: str, handlers: Any) -> None:
         pass  # the generic handlers added alongside serve the same methods
@@ -169,7 +182,16 @@ class ServiceHost:
     loop current at construction), e.g. in the ``async def main()`` given to ``asyncio.run``.
     """
 
-    def __init__(self, name: str, options: ServingOptions, auth: AuthPolicy | None) -> None:
+    def __init__(
+        self,
+        name: str,
+        options: ServingOptions,
+        auth: AuthPolicy | None,
+        *,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
+        """``tracer`` makes the unary methods' SERVER spans (default: ``halcyon.<name>`` on
+        the global provider)."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
@@ -188,25 +210,27 @@ class ServiceHost:
         PlatformCollector(registry=self.registry)
         GCCollector(registry=self.registry)
         self.grpc_metrics = GrpcServerMetrics(self.registry)
-        # Tracing outermost, so a call the auth gate refuses still has its span; the stop gate
-        # inside the metrics, so held calls are counted. The decode guard innermost: the auth
-        # gate's rejection replaces the guarded behaviour, so a caller without credentials
-        # hears UNAUTHENTICATED whatever bytes it sent.
+        self._call_metrics = CallMetrics(self.grpc_metrics)
+        self.scrape_hooks.add(self._call_metrics.flush)
+        self._tracer = tracer if tracer is not None else trace.get_tracer(f"halcyon.{name}")
         self._stop_gate = StopGate(name)
-        interceptors: list[Any] = [
-            server_interceptor(),
-            ServerMetricsInterceptor(self.grpc_metrics),
+        self._auth = auth
+        # Streaming methods: the same concerns as interceptors, in the pipeline's order
+        # (see _layers); unary handlers pass straight through them.
+        streaming: list[Any] = [
+            StreamTracing(self._tracer),
+            ServerMetricsInterceptor(self._call_metrics.for_method),
             self._stop_gate,
         ]
-        self._auth = auth
         if auth is not None:
-            interceptors.append(AuthInterceptor(auth))
-        interceptors.append(DecodeGuard())
+            streaming.append(AuthInterceptor(auth))
+        streaming.append(DecodeGuard())
         self.server: grpc.aio.Server = grpc.aio.server(
-            interceptors=interceptors, options=server_options(options)
+            interceptors=[StreamingOnly(streaming)], options=server_options(options)
         )
+        self._unary: set[str] = set()  # methods added with add_unary
         self.health = HealthService()
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, _GenericOnly(self))
         self._services: list[str] = []
         self._raw_endpoints: list[RawUnaryEndpoint] = []
         # Health as published: readiness is what the host was told AND live (see _publish).
@@ -238,14 +262,100 @@ class ServiceHost:
         """Register a servicer, e.g. ``add_WorkerServiceServicer_to_server``; before start().
 
         Its methods are registered as generic handlers only: the core hands a method to a
-        generic handler only when no completion-queue endpoint (:meth:`add_raw_unary`) took
-        it, which the aio server's own registered methods would pre-empt.
+        generic handler only when no completion-queue endpoint (:meth:`add_unary`) took it,
+        which the aio server's own registered methods would pre-empt. Each unary method runs
+        behind its pipeline (:meth:`_layers`); a method :meth:`add_unary` claims is served
+        by that handler instead.
         """
         if self._started:
             raise RuntimeError("add_service must be called before start()")
         self._check_authorized(service_full_name)
-        register(servicer, _GenericOnly(self.server))
+        register(servicer, _GenericOnly(self))
         self._services.append(service_full_name)
+
+    # -- the unary pipeline ---------------------------------------------------------------------
+
+    def _layers(
+        self, method: str, max_request_bytes: int | None, tenant_check: TenantCheck | None
+    ) -> list[Layer]:
+        """THE order of every unary call's layers, outermost first; the pipeline then decodes
+        the request and runs the handler, mapping what it raises to INTERNAL.
+
+        1. tracing — outermost, so a refused call still has its span (not for health and
+           reflection);
+        2. metrics — every call counted, held and refused ones too;
+        3. stop gate — holds new calls once the host stops (never health);
+        4. size limit — huge bytes refused unread whatever the credential, as gRPC core's own
+           limit refuses them (only where the method has one);
+        5. auth — the credential before the bytes are decoded: undecodable bytes without a
+           key are UNAUTHENTICATED (only where the method needs a check);
+        6. decode, 7. handler (``common.pipeline``).
+        """
+        layers: list[Layer] = []
+        if traced(method):
+            layers.append(TracingLayer(self._tracer, method))
+        layers.append(self._call_metrics.for_method(method))
+        if not method.startswith(_NEVER_HELD):
+            layers.append(self._stop_gate)
+        if max_request_bytes is not None:
+            layers.append(SizeLimit(method, max_request_bytes))
+        if self._auth is not None:
+            auth = self._auth.layer_for(method, tenant_check)
+            if auth is not None:
+                layers.append(auth)
+        return layers
+
+    def _servicer_pipeline(self, method: str, handler: grpc.RpcMethodHandler) -> UnaryPipeline:
+        """The pipeline of an added servicer's unary method (its own handler runs after it)."""
+        deserializer = handler.request_deserializer
+        return UnaryPipeline(
+            method,
+            self._layers(method, None, None),
+            deserializer=deserializer,
+            message_type=message_type_of(method, deserializer) if deserializer else "",
+            handler=None,
+        )
+
+    def add_unary(
+        self,
+        method: str,
+        handler: UnaryHandler,
+        *,
+        deserializer: Callable[[bytes], Any] | None,
+        max_request_bytes: int | None = None,
+        tenant_check: TenantCheck | None = None,
+    ) -> None:
+        """Serve the unary ``/pkg.Service/Method`` with ``handler(request, call)``, which
+        answers through the call (:class:`common.call.UnaryCall`); before start().
+
+        Served off its own completion queue where the fast path may attach (``common.raw_unary``,
+        ADR 0010), else through ``grpc.aio``; the same pipeline either way. ``deserializer``
+        None hands the handler the request bytes; ``max_request_bytes`` refuses larger requests
+        unread (``common.size_limit``); ``tenant_check`` is a TENANT method's credential check
+        (``common.auth``), run before the request is decoded.
+        """
+        if self._started:
+            raise RuntimeError("add_unary must be called before start()")
+        if method in self._unary:
+            raise ValueError(f"{method} is already added")
+        service, name = split_method(method)
+        self._check_authorized(service)
+        pipeline = UnaryPipeline(
+            method,
+            self._layers(method, max_request_bytes, tenant_check),
+            deserializer=deserializer,
+            message_type=message_type_of(method, deserializer) if deserializer else "",
+            handler=handler,
+        )
+        self._unary.add(method)
+        self.server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(service, {name: call_style_handler(pipeline)}),)
+        )
+        endpoint = RawUnaryEndpoint(pipeline)
+        endpoint.on_failure = functools.partial(self._raw_endpoint_failed, method)
+        self._raw_endpoints.append(endpoint)
+        if service not in self._services:
+            self._services.append(service)
 
     def _check_authorized(self, service_full_name: str) -> None:
         """Fail-closed at build time: every method of the service must have a rule."""
@@ -261,19 +371,6 @@ class ServiceHost:
                 f"{self.name}: no authorization rule for {', '.join(unlisted)}; name each "
                 "method's access in common.auth.METHOD_ACCESS"
             )
-
-    def add_raw_unary(self, endpoint: RawUnaryEndpoint) -> None:
-        """Serve one unary method off its own completion queue (``common.raw_unary``); before
-        start(). Register an ordinary handler for the method too: it serves the method if the
-        endpoint cannot attach."""
-        if self._started:
-            raise RuntimeError("add_raw_unary must be called before start()")
-        # Decided once: a public or tenant method (Infer) needs no per-call check here.
-        if self._auth is not None and self._auth.required(endpoint.method) not in _OPEN:
-            endpoint.authorize = self._auth.check
-        endpoint.on_failure = functools.partial(self._raw_endpoint_failed, endpoint.method)
-        self._raw_endpoints.append(endpoint)
-        self.scrape_hooks.add(endpoint.flush_metrics)
 
     async def start(self) -> None:
         """Bind and start; afterwards the addresses are set and the ready file is written."""
@@ -474,8 +571,6 @@ class ServiceHost:
         ``SHUTTING_DOWN`` once the server's stop has begun), and return once no call is
         pending in gRPC's transport any more: none has arrived for :data:`STOP_QUIET_S`, or
         :data:`STOP_HOLD_LIMIT_S` has passed (:mod:`common.stop_gate`)."""
-        for endpoint in self._raw_endpoints:
-            endpoint.hold = self._stop_gate.hold_raw
         loop = asyncio.get_running_loop()
         began = loop.time()
         await self._stop_gate.quiet(STOP_QUIET_S, STOP_HOLD_LIMIT_S)

@@ -16,28 +16,30 @@ other, so arrivals stop and the pending queue empties into held calls; the host 
 (:meth:`StopGate.quiet`: no new call for a moment, bounded), starts the server's stop — GOAWAY,
 so the clients' next calls go elsewhere — and then :meth:`StopGate.release` answers every held
 call ``UNAVAILABLE / SHUTTING_DOWN``; a held call whose deadline comes first is answered just
-before it. Calls ``grpc.aio`` serves are held by this interceptor, completion-queue calls
-(``common.raw_unary``) by :meth:`StopGate.hold_raw`. Health checks are never held: they are
-answered (NOT_SERVING by then) and do not count as arrivals.
+before it. :meth:`StopGate.admit` decides and holds, for unary calls on either transport as a
+layer of the unary pipeline (``common.pipeline``), and for streaming calls ``grpc.aio`` serves
+through the gate's server interceptor. Health checks are never held (the host leaves the gate
+out of their pipelines, the interceptor passes them): they are answered (NOT_SERVING by then)
+and do not count as arrivals.
 
-Cost while open: one interceptor step per grpc.aio call that returns at once, and nothing on the
-completion-queue path (the host hands it the gate only when it closes).
+Cost while open: one attribute test per unary call, one interceptor step per streaming call.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 
+from common.call import HELD, Verdict
 from common.errors import Reason, RichError, abort, unavailable
 from common.handlers import same_kind_handler
+from common.pipeline import Layer
 
-__all__ = ["HeldCall", "StopGate"]
+__all__ = ["StopGate"]
 
 _NEVER_HELD = "/grpc.health.v1.Health/"
 # A held call is answered this long before its deadline at the latest, so the answer reaches
@@ -45,15 +47,15 @@ _NEVER_HELD = "/grpc.health.v1.Health/"
 ANSWER_BEFORE_DEADLINE_S = 0.02
 
 
-class HeldCall(Protocol):
-    """What the gate needs of a completion-queue call (``common.raw_unary.RawCall``)."""
+class Holdable(Protocol):
+    """What the gate needs of a call it holds (a :class:`common.call.UnaryCall` has it)."""
 
     def time_remaining(self) -> float | None: ...
 
     def reject(self, err: RichError) -> None: ...
 
 
-class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+class StopGate(Layer, grpc.aio.ServerInterceptor):  # type: ignore[misc]
     """Open: calls pass. Closed: new calls are held until :meth:`release`, then refused."""
 
     def __init__(self, server_name: str) -> None:
@@ -66,8 +68,8 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         self._released = asyncio.Event()
         self.held = 0  # calls held since the gate closed
         self._last_arrival = 0.0  # loop time of the last held call (or of the closing)
-        # Completion-queue calls held, each with the timer that answers it before its deadline.
-        self._raw: dict[HeldCall, asyncio.TimerHandle | None] = {}
+        # Unary calls held, each with the timer that answers it before its deadline.
+        self._held: dict[Holdable, asyncio.TimerHandle | None] = {}
 
     @property
     def closed(self) -> bool:
@@ -96,32 +98,33 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         """Answer every held call, and any later one at once (call after the stop began)."""
         self._closed = True
         self._released.set()
-        held, self._raw = self._raw, {}
+        held, self._held = self._held, {}
         for call, timer in held.items():
             if timer is not None:
                 timer.cancel()
             call.reject(self._refusal)
 
-    def hold_raw(self, call: HeldCall) -> bool:
-        """Take a completion-queue call in place of its handler (the host hands this to its
-        endpoints once the gate is closed): held like the others. Always True."""
+    def admit(self, call: Holdable) -> Verdict:
+        """The pipeline's stop gate: open, the call goes on; closed, it is held (and answered
+        at the release, or just before its deadline); released, it is refused at once."""
+        if not self._closed:
+            return None
         if self._released.is_set():
-            call.reject(self._refusal)
-            return True
+            return self._refusal
         loop = asyncio.get_running_loop()
         self.held += 1
         self._last_arrival = loop.time()
         left = call.time_remaining()
-        self._raw[call] = (
+        self._held[call] = (
             None
             if left is None
             else loop.call_later(max(0.0, left - ANSWER_BEFORE_DEADLINE_S), self._answer, call)
         )
-        return True
+        return HELD
 
-    def _answer(self, call: HeldCall) -> None:
-        """A held completion-queue call's deadline is near: answer it now."""
-        if self._raw.pop(call, False) is not False:
+    def _answer(self, call: Holdable) -> None:
+        """A held call's deadline is near: answer it now."""
+        if self._held.pop(call, False) is not False:
             call.reject(self._refusal)
 
     async def intercept_service(
@@ -134,13 +137,28 @@ class StopGate(grpc.aio.ServerInterceptor):  # type: ignore[misc]
         handler = await continuation(handler_call_details)
         if handler is None or handler_call_details.method.startswith(_NEVER_HELD):
             return handler
-        self.held += 1
-        self._last_arrival = asyncio.get_running_loop().time()
         return same_kind_handler(handler, self._hold)
 
     async def _hold(self, _request: Any, context: grpc.aio.ServicerContext) -> None:
-        left = context.time_remaining()
-        timeout = None if left is None else max(0.0, left - ANSWER_BEFORE_DEADLINE_S)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._released.wait(), timeout)
-        await abort(context, self._refusal)
+        """A streaming call, held by :meth:`admit` like a unary one."""
+        call = _HeldStream(context)
+        verdict = self.admit(call)
+        await abort(context, verdict if isinstance(verdict, RichError) else await call.answer)
+
+
+class _HeldStream:
+    """A streaming call as :meth:`StopGate.admit` holds it: its deadline, and its one answer."""
+
+    __slots__ = ("_context", "answer")
+
+    def __init__(self, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self.answer: asyncio.Future[RichError] = asyncio.get_running_loop().create_future()
+
+    def time_remaining(self) -> float | None:
+        left: float | None = self._context.time_remaining()
+        return left
+
+    def reject(self, err: RichError) -> None:
+        if not self.answer.done():
+            self.answer.set_result(err)

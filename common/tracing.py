@@ -22,15 +22,16 @@ With no exporter and no sampler configured nothing would read the spans: the pro
 none (an incoming sampled ``traceparent`` is still honoured), and :func:`spans_recorded` tells
 the hot paths to make none at all.
 
-RPC spans come from ``opentelemetry-instrumentation-grpc`` wherever ``grpc.aio`` serves or
-calls (:func:`server_interceptor`, :func:`client_interceptors`): spans named
+RPC spans on the server: every call a host serves gets one SERVER span named
 ``/package.Service/Method`` with the OpenTelemetry RPC semantic conventions (``rpc.system``,
-``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``, ``net.peer.*``) and W3C
-``traceparent`` across processes. The hot methods bypass grpc.aio (the completion-queue
-endpoints, ADR 0006, and the gateway's own ExecuteBatch calls), so their adapters make the
-same spans with the same attributes through :func:`start_server_span`,
-:func:`start_client_span` and :func:`end_rpc_span` — and make none at all when nothing would
-record them (:func:`spans_recorded`): the request path does not pay for unread spans.
+``rpc.service``, ``rpc.method``, ``rpc.grpc.status_code``, ``net.peer.*``), the child of the
+caller's W3C ``traceparent``, made and ended by :class:`TracingLayer`: as the unary pipeline's
+outermost layer (so a refused call still has its span) on either transport, and through
+:class:`StreamTracing` for the streaming methods ``grpc.aio`` serves. None at all is made when
+nothing would record it (:func:`spans_recorded`): the request path does not pay for unread
+spans. Probes and reflection are untraced (:func:`traced`). On the client,
+``opentelemetry-instrumentation-grpc``'s interceptors (:func:`client_interceptors`); the
+gateway's own ExecuteBatch calls bypass grpc.aio and use :func:`start_client_span`.
 """
 
 from __future__ import annotations
@@ -45,12 +46,8 @@ from urllib.parse import unquote
 
 import grpc
 from opentelemetry import propagate, trace
-from opentelemetry.context import Context
-from opentelemetry.instrumentation.grpc import (
-    aio_client_interceptors,
-    aio_server_interceptor,
-    filters,
-)
+from opentelemetry.context import Context, attach, detach
+from opentelemetry.instrumentation.grpc import aio_client_interceptors
 from opentelemetry.sdk.resources import (
     SERVICE_NAME,
     SERVICE_VERSION,
@@ -67,12 +64,18 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from common.build_info import halcyon_version
+from common.call import UnaryCall, Verdict
+from common.grpc_metrics import ended_code
+from common.handlers import behaviour_of, same_kind_handler
+from common.pipeline import Layer
 
 __all__ = [
     "EXPORTER_ENV",
     "OTLP_ENDPOINT_ENV",
     "OTLP_TRACES_ENDPOINT_ENV",
     "SDK_DISABLED_ENV",
+    "StreamTracing",
+    "TracingLayer",
     "TracingPlan",
     "client_interceptors",
     "configure_tracing",
@@ -80,10 +83,10 @@ __all__ = [
     "extract_context",
     "inject_metadata",
     "plan_tracing",
-    "server_interceptor",
     "spans_recorded",
     "start_client_span",
     "start_server_span",
+    "traced",
     "tracing_resource",
 ]
 
@@ -248,11 +251,6 @@ def extract_context(metadata: Iterable[tuple[str, Any]] | None) -> Context:
 
 # -- RPC spans --------------------------------------------------------------------------------
 
-# Probes and reflection are not work anyone traces: a kubelet probing every few seconds would
-# otherwise fill traces with health checks.
-_UNTRACED = filters.negate(
-    filters.any_of(filters.health_check(), filters.service_prefix("grpc.reflection"))
-)
 # Server span statuses as the instrumentation sets them: only these codes are the server's
 # fault (OpenTelemetry's gRPC conventions); the others leave the status unset.
 _SERVER_ERRORS = frozenset(
@@ -267,57 +265,87 @@ _SERVER_ERRORS = frozenset(
 )
 
 
-class _StreamsAsGenerators(grpc.aio.ServerInterceptor):  # type: ignore[misc]
-    """OpenTelemetry's aio server interceptor, through its public API, for every handler.
+class _StreamCall:
+    """A streaming call as :class:`TracingLayer` reads it: method, metadata, peer, its span."""
 
-    The instrumentation iterates every response-streaming handler as an async generator; the
-    controller's streams are coroutines that send with ``context.write``. Each such handler is
-    handed to the instrumentation as an async generator that awaits the coroutine and yields
-    nothing (grpc.aio lets a generator handler write through its context), so streams are
-    traced like every other method and nothing depends on the package's private parts.
-    """
+    __slots__ = ("_context", "metadata", "method", "span")
 
-    def __init__(self, inner: grpc.aio.ServerInterceptor) -> None:
-        self._inner = inner
+    def __init__(self, method: str, context: grpc.aio.ServicerContext) -> None:
+        self._context = context
+        self.method = method
+        self.metadata = context.invocation_metadata() or ()
+        self.span: trace.Span = trace.INVALID_SPAN
+
+    def peer(self) -> str:
+        return str(self._context.peer())
+
+
+class StreamTracing(grpc.aio.ServerInterceptor):  # type: ignore[misc]
+    """SERVER spans for the streaming calls ``grpc.aio`` serves, made and ended by the same
+    :class:`TracingLayer` hooks as every unary call's; the span is current in the handler."""
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+        self._layers: dict[str, TracingLayer] = {}
 
     async def intercept_service(
         self,
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
-        async def adapted(details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-            return _as_generator(await continuation(details))
-
-        return await self._inner.intercept_service(adapted, handler_call_details)
-
-
-def _as_generator(handler: Any) -> Any:
-    """``handler`` with a coroutine response-stream behaviour turned into an async generator."""
-    if handler is None or not handler.response_streaming:
-        return handler
-    streaming = handler.request_streaming
-    behavior = handler.stream_stream if streaming else handler.unary_stream
-    if behavior is None or inspect.isasyncgenfunction(behavior):
-        return handler
-
-    async def generator(request: Any, context: Any) -> AsyncIterator[Any]:
-        await behavior(request, context)
-        return
-        yield  # makes this an async generator that yields nothing
-
-    make = (
-        grpc.stream_stream_rpc_method_handler if streaming else grpc.unary_stream_rpc_method_handler
-    )
-    return make(
-        generator,
-        request_deserializer=handler.request_deserializer,
-        response_serializer=handler.response_serializer,
-    )
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or not traced(method):
+            return handler
+        layer = self._layers.get(method)
+        if layer is None:
+            layer = self._layers[method] = TracingLayer(self._tracer, method)
+        return same_kind_handler(handler, _traced(layer, method, behaviour_of(handler)))
 
 
-def server_interceptor() -> grpc.aio.ServerInterceptor:
-    """The OpenTelemetry aio server interceptor (health checks and reflection untraced)."""
-    return _StreamsAsGenerators(aio_server_interceptor(filter_=_UNTRACED))  # type: ignore[no-untyped-call]
+def _traced(layer: TracingLayer, method: str, inner: Callable[..., Any]) -> Callable[..., Any]:
+    """``inner`` (an async generator or a coroutine behaviour) inside the call's span."""
+
+    def begin(context: grpc.aio.ServicerContext) -> tuple[_StreamCall, object]:
+        call = _StreamCall(method, context)
+        layer.admit(call)  # type: ignore[arg-type]
+        span = call.span
+        token = None if span is trace.INVALID_SPAN else attach(trace.set_span_in_context(span))
+        return call, token
+
+    def end(call: _StreamCall, token: object, exc: BaseException | None, context: Any) -> None:
+        if token is not None:
+            detach(token)  # type: ignore[arg-type]
+        code = ended_code(context, exc)
+        layer.ended(call, code, "" if code is grpc.StatusCode.OK else context.details() or "")  # type: ignore[arg-type]
+
+    if inspect.isasyncgenfunction(inner):
+
+        async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
+            call, token = begin(context)
+            try:
+                async for response in inner(request, context):
+                    yield response
+            except BaseException as exc:
+                end(call, token, exc, context)
+                raise
+            end(call, token, None, context)
+
+        return stream
+
+    async def handle(request: Any, context: grpc.aio.ServicerContext) -> Any:
+        call, token = begin(context)
+        try:
+            result = inner(request, context)
+            if inspect.isawaitable(result):
+                result = await result
+        except BaseException as exc:
+            end(call, token, exc, context)
+            raise
+        end(call, token, None, context)
+        return result
+
+    return handle
 
 
 def client_interceptors() -> list[Any]:
@@ -389,3 +417,31 @@ def end_rpc_span(
     if code is not grpc.StatusCode.OK and (not server or code in _SERVER_ERRORS):
         span.set_status(Status(StatusCode.ERROR, f"{code}:{details}"))
     span.end()
+
+
+def traced(method: str) -> bool:
+    """Whether ``method``'s server calls get spans: probes and reflection are not work anyone
+    traces (a kubelet probing every few seconds would fill traces with health checks)."""
+    return not method.startswith(_UNTRACED_PREFIXES)
+
+
+_UNTRACED_PREFIXES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+
+class TracingLayer(Layer):
+    """The pipeline's tracing: a SERVER span per call of one method, on ``call.span``, ended
+    with the status the call ended with."""
+
+    def __init__(self, tracer: trace.Tracer, method: str) -> None:
+        self._tracer = tracer
+        self._method = method
+
+    def admit(self, call: UnaryCall) -> Verdict:
+        if spans_recorded():
+            call.span = start_server_span(self._tracer, self._method, call.metadata, call.peer())
+        return None
+
+    def ended(self, call: UnaryCall, code: grpc.StatusCode, details: str) -> None:
+        span = call.span
+        if span is not trace.INVALID_SPAN:
+            end_rpc_span(span, code, details)

@@ -48,7 +48,7 @@ _log = logging.getLogger("halcyon.controller")
 class ControllerConfig:
     """Everything the controller needs besides the serving options."""
 
-    db_path: str | Path
+    db_path: str | Path  # the store: an SQLite path, or a URL (sqlite:///…, postgresql://…)
     stable: Mapping[str, str] = field(default_factory=dict)
     lease_ttl_s: float = 3.0
     heartbeat_interval_s: float = 1.0
@@ -160,8 +160,8 @@ class Controller:
             _log.warning(note)
         _log.info(
             "store open",
-            extra={"db": str(config.db_path), "schema_version": store.schema_version,
-                   "stable": rec.effective},
+            extra={"db": store.path, "backend": str(store.backend),
+                   "schema_version": store.schema_version, "stable": rec.effective},
         )  # fmt: skip
         controller = cls(
             config,

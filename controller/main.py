@@ -32,6 +32,7 @@ from common.credentials import (
     load_credentials,
 )
 from common.logs import configure_logging
+from common.parent_death import die_with_parent
 from common.ports import describe_port_holders
 from common.serving import (
     ServiceHost,
@@ -48,6 +49,7 @@ from controller.stable_versions import (
     stable_map_from_config,
 )
 from controller.store import StoreError
+from controller.store_url import parse_store_location
 
 __all__ = ["configure", "run"]
 
@@ -56,6 +58,9 @@ _log = logging.getLogger("halcyon.controller")
 DEFAULT_LISTEN = "127.0.0.1:50050"
 DEFAULT_METRICS_LISTEN = "127.0.0.1:9450"
 DEFAULT_DB = "./halcyon-controller.sqlite"
+# --db's default, told apart by identity from a --db the operator typed (argparse keeps a
+# non-string default as it is), so that --db with --store is refused even for this path.
+_DEFAULT_DB_PATH = Path(DEFAULT_DB)
 DEFAULT_CONSOLE_LISTEN = "127.0.0.1:9440"
 CONSOLE_OFF = "off"
 
@@ -73,8 +78,13 @@ config file (--config, YAML):
 Stable versions: --stable flags win over the config file. A model with no configured stable
 version is routed to its only registered version; with several versions registered and none
 configured it has no stable version and gateways refuse it (the controller logs a warning).
-A promotion persisted in the --db file survives restarts until the configured version for
+A promotion persisted in the store survives restarts until the configured version for
 that model changes.
+
+Store: an SQLite file by default (--db PATH). --store postgresql://USER@HOST:PORT/DBNAME keeps
+it in a PostgreSQL database the user owns instead (the same schema, migrated at start), so the
+controller can move to another machine. Give the password in $PGPASSWORD or a ~/.pgpass file
+($PGPASSFILE), not in the URL: the command line is visible to every user of the machine.
 
 Operator console: a web page at http://127.0.0.1:9440/ (--console-listen; 'off' disables it).
 On loopback anyone on this machine may look; promote, abort, drain and undrain need the
@@ -105,6 +115,14 @@ def _positive_seconds(text: str) -> float:
     return value
 
 
+def _store_url(text: str) -> str:
+    try:
+        parse_store_location(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
 def _console_listen(text: str) -> str:
     if text.strip().lower() == CONSOLE_OFF:
         return CONSOLE_OFF
@@ -117,8 +135,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "Run the Halcyon controller: the fleet registry (workers register and heartbeat;\n"
         "members leave when their stream ends or their lease lapses), per-model routing\n"
         "(stable and canary versions) streamed to gateways, outcome reports from gateways,\n"
-        "the SQLite store, the operator API (GetState, DrainReplica, rollouts) and the\n"
-        "operator console, a web page of the fleet, the traffic and every rollout."
+        "the store (SQLite or PostgreSQL), the operator API (GetState, DrainReplica,\n"
+        "rollouts) and the operator console, a web page of the fleet, the traffic and every\n"
+        "rollout."
     )
     parser.epilog = _EPILOG
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -126,9 +145,19 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--db",
         type=Path,
-        default=Path(DEFAULT_DB),
+        default=_DEFAULT_DB_PATH,
         metavar="PATH",
-        help=f"SQLite store (created if missing; default {DEFAULT_DB})",
+        help=f"SQLite store (created if missing; default {DEFAULT_DB}); short for --store "
+        "sqlite:///PATH",
+    )
+    group.add_argument(
+        "--store",
+        type=_store_url,
+        default=None,
+        metavar="URL",
+        help="where the store lives: sqlite:///PATH/FILE.db or postgresql://USER@HOST:PORT/DB "
+        "(a database the user owns; the password from $PGPASSWORD or $PGPASSFILE). "
+        "Not with --db",
     )
     group.add_argument(
         "--stable",
@@ -215,10 +244,16 @@ def build_config(args: argparse.Namespace) -> ControllerConfig:
             f"--heartbeat-interval ({args.heartbeat_interval:g}s) must be shorter than "
             f"--lease-ttl ({args.lease_ttl:g}s)"
         )
+    store = getattr(args, "store", None)
+    if store is not None and args.db is not _DEFAULT_DB_PATH:
+        raise ValueError(
+            "--store and --db both name the store: give one (--db PATH is short for "
+            "--store sqlite:///PATH)"
+        )
     from_file = _load_config_file(args.config) if args.config else {}
     stable = merge_configured(from_file, args.stable)
     return ControllerConfig(
-        db_path=args.db,
+        db_path=store if store is not None else args.db,
         stable=stable,
         lease_ttl_s=args.lease_ttl,
         heartbeat_interval_s=args.heartbeat_interval,
@@ -285,7 +320,8 @@ async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthP
     try:
         controller = await Controller.open(config, metrics_registry=host.registry)
     except StoreError as exc:
-        _log.error("cannot open the store", extra={"db": str(config.db_path), "error": str(exc)})
+        where = parse_store_location(config.db_path).display  # never the password
+        _log.error("cannot open the store", extra={"db": where, "error": str(exc)})
         return 1
     console_listen = args.console_listen or DEFAULT_CONSOLE_LISTEN
     console: Console | None = None
@@ -331,6 +367,7 @@ async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthP
 
 def run(args: argparse.Namespace) -> int:
     """Run the controller until SIGTERM/SIGINT; returns the process exit code."""
+    die_with_parent()  # a launcher's child: gone with the launcher (SIGKILL too)
     configure_logging("controller", args.log_level)
     configure_tracing("controller")
     try:

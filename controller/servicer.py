@@ -73,7 +73,7 @@ from controller.rollouts import (
     RolloutNotPaused,
     UnknownModel,
 )
-from controller.store import ControllerStore, DecisionRecord
+from controller.store import ControllerStore, DecisionRecord, StoreUnavailable
 from halcyon.v1 import control_pb2, control_pb2_grpc
 
 __all__ = ["SERVICE_NAME", "ControlService"]
@@ -156,7 +156,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                 model=exc.rollout.model,
                 rollout_id=str(exc.rollout.id),
             )
-        elif isinstance(exc, DecisionNotStored):
+        elif isinstance(exc, DecisionNotStored | StoreUnavailable):
             err = RichError(
                 grpc.StatusCode.UNAVAILABLE,
                 str(exc),
@@ -316,8 +316,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     async def GetState(
         self, request: control_pb2.GetStateRequest, context: grpc.aio.ServicerContext
     ) -> control_pb2.GetStateResponse:
-        rollouts = await asyncio.to_thread(self._store.list_rollouts)
-        latest = await asyncio.to_thread(self._store.latest_decisions)
+        try:
+            rollouts = await asyncio.to_thread(self._store.list_rollouts)
+            latest = await asyncio.to_thread(self._store.latest_decisions)
+        except StoreUnavailable as exc:
+            await self._fail(context, exc)
         gateways = [gateway_to_pb(report, self._wall) for report in self._outcomes.gateways()]
         return control_pb2.GetStateResponse(
             replicas=[member_to_pb(m, self._wall) for m in self._fleet.registry.members()],
@@ -452,11 +455,11 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         limit = min(request.limit or DEFAULT_DECISIONS, MAX_DECISIONS)
         try:
             await self._check_known(request.model)
-        except (UnknownModel, RichError) as exc:
+            decisions = await asyncio.to_thread(
+                self._store.list_decisions, request.model or None, limit=limit
+            )
+        except (UnknownModel, RichError, StoreUnavailable) as exc:
             await self._fail(context, exc)
-        decisions = await asyncio.to_thread(
-            self._store.list_decisions, request.model or None, limit=limit
-        )
         return control_pb2.ListRolloutDecisionsResponse(
             decisions=[decision_to_pb(d) for d in decisions]
         )

@@ -1,4 +1,4 @@
-"""The controller's durable state: one SQLite file (stdlib ``sqlite3``, WAL journal).
+"""The controller's durable state: an SQLite file (the default) or a PostgreSQL database.
 
 What it keeps: rollouts (with their operator gates: paused, auto-rollback, the approval mode,
 whether one awaits approval, analysis-only, and how often the current step was resumed after a
@@ -9,12 +9,16 @@ survive a restart),
 the persisted stable versions (see :mod:`controller.stable_versions`), and the fleet's history
 (replicas registered / expired / removed / drained, with wall-clock timestamps).
 
-How the schema evolves: ``schema_version`` holds one row with the version the file is at;
-:data:`MIGRATIONS` is an append-only list of forward steps, each applied in its own
-transaction together with the version bump, so a crash mid-migration leaves the file at the
-previous version and reopening finishes the job. Opening a file at the current version changes
-nothing; a file written by a newer Halcyon (a version this code does not know) is refused
-rather than misread.
+Where it lives: :func:`controller.store_url.parse_store_location` reads the ``--store`` URL (or
+``--db`` path) and picks the connection — :mod:`controller.store_sqlite` or
+:mod:`controller.store_postgres`. Both run the same queries and the same migrations
+(:mod:`controller.store_sql`), spelled for each by :mod:`controller.store_dialect`.
+
+How the schema evolves: :data:`MIGRATIONS` are applied forward to :data:`SCHEMA_VERSION`, each
+with its version bump in one transaction. Opening a database at the current version changes
+nothing; one written by a newer Halcyon (a version this code does not know) is refused rather
+than misread. A PostgreSQL server that cannot be reached raises :class:`StoreUnavailable` (a
+:class:`StoreError`) from the call that found it, and the next call reconnects.
 
 A rollout's state change, the decision that caused it and (for a promotion) the new stable
 version are written in one transaction (:meth:`ControllerStore.commit_decision`), so a crash
@@ -31,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.stable_versions import Reconciliation, StableRecord, StableSource
+from controller.store_dialect import StoreConnection
 from controller.store_records import (
     ArmSnapshot,
     DecisionAction,
@@ -50,7 +54,18 @@ from controller.store_records import (
     RolloutRecord,
     RolloutStatus,
     StoreError,
+    StoreUnavailable,
 )
+from controller.store_sql import (
+    DECISION_FIELDS,
+    GATE_FIELDS,
+    GATES_VERSION,
+    MIGRATIONS,
+    ROLLOUT_FIELDS,
+    SCHEMA_VERSION,
+)
+from controller.store_sqlite import SqliteConnection
+from controller.store_url import Backend, StoreLocation, parse_store_location
 
 __all__ = [
     "MIGRATIONS",
@@ -65,133 +80,49 @@ __all__ = [
     "RolloutRecord",
     "RolloutStatus",
     "StoreError",
+    "StoreUnavailable",
 ]
 
 
-# Append-only: never edit a released step, add a new one.
-MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    # 1: the initial schema.
-    (
-        """CREATE TABLE rollouts (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            model TEXT NOT NULL,
-            baseline_version TEXT NOT NULL,
-            canary_version TEXT NOT NULL,
-            step_percents TEXT NOT NULL,
-            step_index INTEGER NOT NULL,
-            canary_weight_bp INTEGER NOT NULL,
-            state TEXT NOT NULL,
-            policy TEXT NOT NULL,
-            started_at REAL NOT NULL,
-            updated_at REAL NOT NULL
-        )""",
-        """CREATE TABLE rollout_decisions (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            rollout_id INTEGER NOT NULL REFERENCES rollouts(id),
-            model TEXT NOT NULL,
-            action TEXT NOT NULL,
-            reason TEXT NOT NULL,
-            from_percent REAL NOT NULL,
-            to_percent REAL NOT NULL,
-            baseline_metrics TEXT,
-            canary_metrics TEXT,
-            decided_at REAL NOT NULL
-        )""",
-        """CREATE TABLE stable_versions (
-            model TEXT PRIMARY KEY,
-            version TEXT NOT NULL,
-            source TEXT NOT NULL,
-            config_version TEXT,
-            updated_at REAL NOT NULL
-        )""",
-        """CREATE TABLE fleet_events (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            at REAL NOT NULL,
-            kind TEXT NOT NULL,
-            replica_id TEXT NOT NULL,
-            model TEXT NOT NULL,
-            version TEXT NOT NULL,
-            address TEXT NOT NULL,
-            detail TEXT NOT NULL
-        )""",
-    ),
-    # 2: indexes for the per-model and per-replica queries.
-    (
-        "CREATE INDEX rollouts_by_model ON rollouts(model, id)",
-        "CREATE INDEX decisions_by_model ON rollout_decisions(model, id)",
-        "CREATE INDEX decisions_by_rollout ON rollout_decisions(rollout_id, id)",
-        "CREATE INDEX fleet_events_by_replica ON fleet_events(replica_id, id)",
-    ),
-    # 3: the evidence behind a decision beyond the arm metrics; one running rollout per model.
-    (
-        "ALTER TABLE rollout_decisions ADD COLUMN detail TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE rollout_decisions ADD COLUMN statistics TEXT NOT NULL DEFAULT '{}'",
-        "ALTER TABLE rollout_decisions ADD COLUMN needed_requests INTEGER NOT NULL DEFAULT 0",
-        "CREATE UNIQUE INDEX one_progressing_rollout_per_model ON rollouts(model) "
-        "WHERE state = 'progressing'",
-    ),
-    # 4: the rollout gates (issue #20), and whether a decision took effect. Rows written before
-    # have no gates and every decision of theirs was applied. The new terminal state
-    # 'analyzed' needs no DDL (state is free text; the unique index covers 'progressing').
-    (
-        "ALTER TABLE rollouts ADD COLUMN paused INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE rollouts ADD COLUMN auto_rollback INTEGER NOT NULL DEFAULT 1",
-        "ALTER TABLE rollouts ADD COLUMN approval TEXT NOT NULL DEFAULT 'none'",
-        "ALTER TABLE rollouts ADD COLUMN awaiting_approval INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE rollouts ADD COLUMN analysis_only INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE rollouts ADD COLUMN resumes_in_step INTEGER NOT NULL DEFAULT 0",
-        "ALTER TABLE rollout_decisions ADD COLUMN applied INTEGER NOT NULL DEFAULT 1",
-    ),
-)
-SCHEMA_VERSION = len(MIGRATIONS)
-# The version that added the gate columns (migration 4); a store opened at an earlier target
-# (a migration test) reads and writes the rows of its own version, without them.
-GATES_VERSION = 4
-_ROLLOUT_FIELDS = (
-    "model", "baseline_version", "canary_version", "step_percents", "step_index",
-    "canary_weight_bp", "state", "policy", "started_at", "updated_at",
-)  # fmt: skip
-_GATE_FIELDS = (
-    "paused", "auto_rollback", "approval", "awaiting_approval", "analysis_only",
-    "resumes_in_step",
-)  # fmt: skip
-_DECISION_FIELDS = (
-    "id", "rollout_id", "model", "action", "reason", "from_percent", "to_percent",
-    "baseline_metrics", "canary_metrics", "decided_at", "detail", "statistics",
-    "needed_requests",
-)  # fmt: skip
+def _connect(location: StoreLocation) -> StoreConnection:
+    if location.backend is Backend.POSTGRESQL:
+        # Imported here: a controller on SQLite never loads the PostgreSQL driver.
+        from controller.store_postgres import PostgresConnection
+
+        return PostgresConnection(location)
+    return SqliteConnection(location.target)
 
 
 class ControllerStore:
-    """The controller's SQLite store. Open with a path; ``close()`` (or ``with``) when done."""
+    """The controller's store. Open with a path or URL; ``close()`` (or ``with``) when done."""
 
-    def __init__(self, path: str | Path, *, target_version: int = SCHEMA_VERSION) -> None:
-        """Open (creating if needed) and migrate forward to ``target_version``.
+    def __init__(
+        self, location: str | Path | StoreLocation, *, target_version: int = SCHEMA_VERSION
+    ) -> None:
+        """Open (creating an SQLite file if needed) and migrate forward to ``target_version``.
 
-        ``target_version`` exists for migration tests; servers use the default.
+        ``location``: a path, ``sqlite:///…`` or ``postgresql://…`` (ValueError for anything
+        else). ``target_version`` exists for migration tests; servers use the default.
         """
         if not 0 <= target_version <= SCHEMA_VERSION:
             raise ValueError(f"target_version must be in [0, {SCHEMA_VERSION}]")
-        self._path = str(path)
+        if not isinstance(location, StoreLocation):
+            location = parse_store_location(location)
+        self._location = location
         self._lock = threading.RLock()
         gated = target_version >= GATES_VERSION
-        self._rollout_fields = _ROLLOUT_FIELDS + (_GATE_FIELDS if gated else ())
+        self._rollout_fields = ROLLOUT_FIELDS + (GATE_FIELDS if gated else ())
         self._rollout_columns = ", ".join(("id", *self._rollout_fields))
-        self._decision_columns = ", ".join(_DECISION_FIELDS + (("applied",) if gated else ()))
+        self._decision_columns = ", ".join(DECISION_FIELDS + (("applied",) if gated else ()))
+        self._db = _connect(location)
         try:
-            self._db = sqlite3.connect(
-                self._path, isolation_level=None, check_same_thread=False, timeout=5.0
-            )
-        except sqlite3.Error as exc:
-            raise StoreError(f"cannot open store {self._path}: {exc}") from exc
-        try:
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute("PRAGMA foreign_keys=ON")
             self._migrate(target_version)
-        except sqlite3.DatabaseError as exc:
+        except StoreError:
             self._db.close()
-            raise StoreError(f"cannot use store {self._path}: {exc}") from exc
+            raise
+        except self._db.database_error as exc:
+            self._db.close()
+            raise StoreError(f"cannot use store {location}: {exc}") from exc
         except BaseException:
             self._db.close()
             raise
@@ -200,7 +131,12 @@ class ControllerStore:
 
     @property
     def path(self) -> str:
-        return self._path
+        """The SQLite file's path, or the PostgreSQL URL with its password masked."""
+        return self._location.display
+
+    @property
+    def backend(self) -> Backend:
+        return self._location.backend
 
     def close(self) -> None:
         with self._lock:
@@ -213,19 +149,13 @@ class ControllerStore:
         self.close()
 
     @contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._db
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
+    def _transaction(self) -> Iterator[StoreConnection]:
+        with self._lock, self._db.transaction():
+            yield self._db
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
-            return list(self._db.execute(sql, params))
+            return self._db.execute(sql, params).rows
 
     # -- schema -------------------------------------------------------------------------------
 
@@ -235,32 +165,38 @@ class ControllerStore:
         return int(rows[0][0])
 
     def _migrate(self, target: int) -> None:
+        dialect = self._db.dialect
         with self._transaction() as db:
+            if dialect.migration_lock:
+                db.execute(dialect.migration_lock)
             db.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-            rows = list(db.execute("SELECT version FROM schema_version"))
+            rows = db.execute("SELECT version FROM schema_version").rows
             if len(rows) > 1:
-                raise StoreError(f"store {self._path}: schema_version has {len(rows)} rows")
+                raise StoreError(f"store {self.path}: schema_version has {len(rows)} rows")
             if not rows:
                 db.execute("INSERT INTO schema_version (version) VALUES (0)")
             current = int(rows[0][0]) if rows else 0
         if current > SCHEMA_VERSION:
             raise StoreError(
-                f"store {self._path} is at schema version {current}, newer than this "
-                f"controller understands ({SCHEMA_VERSION}); upgrade Halcyon or use another --db"
+                f"store {self.path} is at schema version {current}, newer than this "
+                f"controller understands ({SCHEMA_VERSION}); upgrade Halcyon or use another "
+                "--store"
             )
         for version in range(current + 1, target + 1):
             with self._transaction() as db:
+                if dialect.migration_lock:
+                    db.execute(dialect.migration_lock)
                 # Re-check inside the transaction: another process may have migrated already.
-                (now_at,) = next(iter(db.execute("SELECT version FROM schema_version")))
+                ((now_at,),) = db.execute("SELECT version FROM schema_version").rows
                 if int(now_at) >= version:
                     continue
                 for statement in MIGRATIONS[version - 1]:
-                    db.execute(statement)
+                    db.execute(dialect.ddl(statement))
                 db.execute("UPDATE schema_version SET version = ?", (version,))
 
     def tables(self) -> set[str]:
-        rows = self._query("SELECT name FROM sqlite_master WHERE type = 'table'")
-        return {str(r[0]) for r in rows} - {"sqlite_sequence"}
+        rows = self._query(self._db.dialect.list_tables)
+        return {str(r[0]) for r in rows}
 
     # -- rollouts -----------------------------------------------------------------------------
 
@@ -290,7 +226,7 @@ class ControllerStore:
 
     @staticmethod
     def _rollout_from(row: tuple[Any, ...]) -> RolloutRecord:
-        if len(row) == 1 + len(_ROLLOUT_FIELDS):  # a store before the gates: none set
+        if len(row) == 1 + len(ROLLOUT_FIELDS):  # a store before the gates: none set
             row = (*row, 0, 1, "none", 0, 0, 0)
         return RolloutRecord(
             id=int(row[0]),
@@ -320,20 +256,19 @@ class ControllerStore:
         with self._transaction() as db:
             return self._insert_rollout(db, rollout)
 
-    def _insert_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> RolloutRecord:
+    def _insert_rollout(self, db: StoreConnection, rollout: RolloutRecord) -> RolloutRecord:
         try:
             fields = self._rollout_fields
-            cur = db.execute(
+            ((new_id,),) = db.execute(
                 f"INSERT INTO rollouts ({', '.join(fields)}) "
-                f"VALUES ({', '.join('?' for _ in fields)})",
+                f"VALUES ({', '.join('?' for _ in fields)}) RETURNING id",
                 self._rollout_row(rollout),
-            )
-        except sqlite3.IntegrityError as exc:
+            ).rows
+        except self._db.integrity_error as exc:
             raise RolloutConflict(
                 f"model {rollout.model!r} already has a progressing rollout"
             ) from exc
-        assert cur.lastrowid is not None
-        return replace(rollout, id=int(cur.lastrowid))
+        return replace(rollout, id=int(new_id))
 
     def start_rollout(
         self, rollout: RolloutRecord, decision: DecisionRecord
@@ -363,14 +298,14 @@ class ControllerStore:
         with self._transaction() as db:
             self._update_rollout(db, rollout)
 
-    def _update_rollout(self, db: sqlite3.Connection, rollout: RolloutRecord) -> None:
+    def _update_rollout(self, db: StoreConnection, rollout: RolloutRecord) -> None:
         try:
             cur = db.execute(
                 f"UPDATE rollouts SET {', '.join(f'{f} = ?' for f in self._rollout_fields)} "
                 "WHERE id = ?",
                 (*self._rollout_row(rollout), rollout.id),
             )
-        except sqlite3.IntegrityError as exc:
+        except self._db.integrity_error as exc:
             raise RolloutConflict(
                 f"model {rollout.model!r} already has a progressing rollout"
             ) from exc
@@ -410,7 +345,7 @@ class ControllerStore:
         with self._transaction() as db:
             return self._insert_decision(db, decision)
 
-    def _insert_decision(self, db: sqlite3.Connection, decision: DecisionRecord) -> DecisionRecord:
+    def _insert_decision(self, db: StoreConnection, decision: DecisionRecord) -> DecisionRecord:
         statistics = {k: float(v) for k, v in decision.statistics.items()}
         fields = self._decision_columns.split(", ")[1:]  # all but id
         values = (
@@ -430,13 +365,12 @@ class ControllerStore:
             int(decision.needed_requests),
             int(bool(decision.applied)),
         )[: len(fields)]
-        cur = db.execute(
+        ((new_id,),) = db.execute(
             f"INSERT INTO rollout_decisions ({', '.join(fields)}) "
-            f"VALUES ({', '.join('?' for _ in fields)})",
+            f"VALUES ({', '.join('?' for _ in fields)}) RETURNING id",
             values,
-        )
-        assert cur.lastrowid is not None
-        return replace(decision, id=int(cur.lastrowid), statistics=statistics)
+        ).rows
+        return replace(decision, id=int(new_id), statistics=statistics)
 
     def list_decisions(
         self, model: str | None = None, *, rollout_id: int | None = None, limit: int = 100
@@ -493,7 +427,7 @@ class ControllerStore:
             detail=r[10],
             statistics={str(k): float(v) for k, v in json.loads(r[11]).items()},
             needed_requests=int(r[12]),
-            applied=bool(r[13]) if len(r) > len(_DECISION_FIELDS) else True,
+            applied=bool(r[13]) if len(r) > len(DECISION_FIELDS) else True,
         )
 
     # -- stable versions ----------------------------------------------------------------------
@@ -516,7 +450,7 @@ class ControllerStore:
                 self._upsert_stable(db, r)
 
     @staticmethod
-    def _upsert_stable(db: sqlite3.Connection, r: StableRecord) -> None:
+    def _upsert_stable(db: StoreConnection, r: StableRecord) -> None:
         db.execute(
             "INSERT INTO stable_versions (model, version, source, config_version, "
             "updated_at) VALUES (?, ?, ?, ?, ?) ON CONFLICT(model) DO UPDATE SET "
@@ -587,7 +521,7 @@ class ControllerStore:
             else:
                 cur = db.execute(
                     "DELETE FROM fleet_events WHERE id < (SELECT MIN(id) FROM "
-                    "(SELECT id FROM fleet_events ORDER BY id DESC LIMIT ?))",
+                    "(SELECT id FROM fleet_events ORDER BY id DESC LIMIT ?) AS newest)",
                     (keep,),
                 )
             return int(cur.rowcount)

@@ -22,11 +22,18 @@ __all__ = [
     "RolloutRecord",
     "RolloutStatus",
     "StoreError",
+    "StoreUnavailable",
 ]
 
 
 class StoreError(RuntimeError):
     """The store file cannot be used (newer schema, corrupt, …)."""
+
+
+class StoreUnavailable(StoreError):
+    """The store's database cannot be reached now (a PostgreSQL server down or the connection
+    lost). The call that raised it wrote nothing (unless the break came during its COMMIT);
+    the next call reconnects."""
 
 
 class RolloutConflict(ValueError):

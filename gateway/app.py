@@ -13,36 +13,29 @@ Where the rest lives (re-exported here, the place existing code imports from):
 * :mod:`gateway.status_report` — batch outcomes, status and health reports to the controller,
   and the scrape-time snapshot.
 
-The two transport adapters (:class:`InferServicer`, :class:`RawInferAdapter`) stay here.
+* :mod:`gateway.infer_adapter` — Infer's one adapter, used by both transports (the
+  completion queue and ``grpc.aio``) behind the host's unary pipeline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 from collections.abc import Callable
 
 import grpc
-from google.protobuf.message import DecodeError
-from opentelemetry import trace
 from prometheus_client import Gauge
 
 from common.auth import AuthPolicy, bearer_metadata
 from common.backoff import controller_channel_options
 from common.clock import Clock, MonotonicClock
-from common.errors import (
-    Reason,
-    RichError,
-    abort,
-    unavailable,
-    undecodable,
-)
+from common.errors import Reason, unavailable
 from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, UnaryClientRecorder
-from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import ServiceHost
-from common.tracing import client_interceptors, end_rpc_span, spans_recorded, start_server_span
+from common.tracing import client_interceptors
 from gateway.admission import (
     AdmissionController,
     GradientLimiter,
@@ -60,6 +53,7 @@ from gateway.dispatcher import (
     VersionDispatcher,
 )
 from gateway.fleet_state import FleetState
+from gateway.infer_adapter import InferAdapter, tenant_check
 from gateway.infer_path import (
     _ERROR,
     _LATE,
@@ -85,10 +79,11 @@ from gateway.metrics import (
     GatewaySnapshot,
     LoopSnapshot,
 )
+from gateway.replicas import Change, Insert
 from gateway.routing import HedgePolicy, PeakEwmaRouter
 from gateway.status_report import StatusReport
 from gateway.worker_pool import WorkerPool
-from halcyon.v1 import control_pb2, infer_pb2, infer_pb2_grpc
+from halcyon.v1 import control_pb2, infer_pb2
 
 __all__ = [
     "ANSWER_GRACE_S",
@@ -105,9 +100,8 @@ __all__ = [
     "Admitted",
     "GatewayApp",
     "GatewayConfig",
+    "InferAdapter",
     "InferPath",
-    "InferServicer",
-    "RawInferAdapter",
     "StatusReport",
     "_effective_priority",
     "_expire",
@@ -122,108 +116,6 @@ log = logging.getLogger("halcyon.gateway")
 # Twice the largest valid InferRequest (64 KiB of input plus small fields): anything bigger is
 # refused unparsed with RESOURCE_EXHAUSTED / MESSAGE_TOO_LARGE.
 MAX_INFER_REQUEST_BYTES = 128 * 1024
-
-
-class InferServicer(infer_pb2_grpc.InferServiceServicer):
-    """Thin aio adapter: protobuf in, :class:`GatewayApp` decisions, protobuf or a rich status out.
-
-    Serves Infer only where the completion-queue endpoint (:class:`RawInferAdapter`) could not
-    attach; both adapters share every decision and every answer.
-    """
-
-    def __init__(self, app: GatewayApp) -> None:
-        self._app = app
-
-    async def Infer(
-        self, request: infer_pb2.InferRequest, context: grpc.aio.ServicerContext
-    ) -> infer_pb2.InferResponse:
-        app = self._app
-        # The OpenTelemetry interceptor's span for this call (it ends it, with the status).
-        span = trace.get_current_span()
-        try:
-            admitted = app.admit(
-                request, context.invocation_metadata(), context.time_remaining(), span
-            )
-        except RichError as err:
-            await abort(context, err)
-        except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            await abort(context, internal_error("Infer failed before admission", exc))
-        pending = admitted.pending
-        answered: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-
-        def wake(_: PendingRequest) -> None:
-            if not answered.done():
-                answered.set_result(None)
-
-        pending.when_answered(wake)
-        try:
-            await answered
-        except asyncio.CancelledError:
-            # The client went away (or its gRPC deadline passed): free everything, no sample.
-            pending.cancel()
-            app.settle_cancelled(admitted)
-            raise
-        answer = app.settle(admitted)
-        if isinstance(answer, RichError):
-            await abort(context, answer)
-        return answer
-
-
-class RawInferAdapter:
-    """Thin completion-queue adapter: the same decisions as :class:`InferServicer`, without
-    grpc.aio's per-call tasks (``common.raw_unary``; ADR 0006)."""
-
-    def __init__(self, app: GatewayApp) -> None:
-        self._app = app
-        self._parse = infer_pb2.InferRequest.FromString
-        self._tracer = trace.get_tracer("halcyon.gateway")
-
-    def __call__(self, call: RawCall) -> None:
-        app = self._app
-        # The span the OpenTelemetry interceptor makes on the grpc.aio path; none at all when
-        # nothing would record it (common.tracing.spans_recorded).
-        span = (
-            start_server_span(self._tracer, INFER_METHOD, call.metadata, call.peer())
-            if spans_recorded()
-            else trace.INVALID_SPAN
-        )
-        try:
-            request = self._parse(call.request)
-            admitted = app.admit(request, call.metadata, call.time_remaining(), span)
-        except DecodeError:
-            _reject(call, span, undecodable("halcyon.v1.InferRequest"))
-            return
-        except RichError as err:
-            _reject(call, span, err)
-            return
-        except Exception as exc:  # never UNKNOWN: a bug still gets a typed answer
-            _reject(call, span, internal_error("Infer failed before admission", exc))
-            return
-        pending = admitted.pending
-        # A cancelled request is skipped by its batch and settled below.
-        call.on_cancel = pending.cancel
-
-        def answer(_: PendingRequest) -> None:
-            if pending.cancelled:
-                app.settle_cancelled(admitted)
-                if span is not trace.INVALID_SPAN:
-                    end_rpc_span(span, grpc.StatusCode.CANCELLED)
-                return
-            outcome = app.settle(admitted)
-            if isinstance(outcome, RichError):
-                _reject(call, span, outcome)
-                return
-            call.reply(outcome.SerializeToString())
-            if span is not trace.INVALID_SPAN:
-                end_rpc_span(span, grpc.StatusCode.OK)
-
-        pending.when_answered(answer)
-
-
-def _reject(call: RawCall, span: trace.Span, err: RichError) -> None:
-    call.reject(err)
-    if span is not trace.INVALID_SPAN:
-        end_rpc_span(span, err.code, err.message)
 
 
 class GatewayApp(InferPath, StatusReport):
@@ -265,6 +157,10 @@ class GatewayApp(InferPath, StatusReport):
         self.pool = WorkerPool(
             config.worker_tls.channel_credentials() if config.worker_tls else None
         )
+        # Membership changes reach the pool before the dispatchers (and leave in reverse): a
+        # replica's channel is open before a router can pick it, closed after none can.
+        self.fleet.replicas.subscribe(self.pool.changed)
+        self.fleet.replicas.subscribe(self._replica_changed)
         self.link: ControllerLink | None = None
         self._controller_channel: grpc.aio.Channel | None = None
         self._fleet_md = bearer_metadata(config.fleet_token) if config.fleet_token else ()
@@ -274,16 +170,15 @@ class GatewayApp(InferPath, StatusReport):
         self._closing = False
         self._inflight = 0
         self._guard: AnswerGuard[PendingRequest] | None = None
-        # Infer is served off its own completion queue (ADR 0006); the aio servicer serves it
-        # only if that endpoint cannot attach (see ServiceHost.add_service).
-        self.host.add_service(
-            infer_pb2_grpc.add_InferServiceServicer_to_server, InferServicer(self), SERVICE_NAME
+        # Infer off its own completion queue where it may attach (ADR 0006), else grpc.aio:
+        # one adapter, behind the host's pipeline, either way.
+        self.host.add_unary(
+            INFER_METHOD,
+            InferAdapter(self),
+            deserializer=infer_pb2.InferRequest.FromString,
+            max_request_bytes=MAX_INFER_REQUEST_BYTES,
+            tenant_check=functools.partial(tenant_check, self),
         )
-        infer_endpoint = RawUnaryEndpoint(
-            INFER_METHOD, RawInferAdapter(self), self.host.grpc_metrics
-        )
-        infer_endpoint.max_request_bytes = MAX_INFER_REQUEST_BYTES
-        self.host.add_raw_unary(infer_endpoint)
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -396,23 +291,19 @@ class GatewayApp(InferPath, StatusReport):
             self.dispatchers[key] = d
         return d
 
+    def _replica_changed(self, change: Change) -> None:
+        """A membership change goes to its (model, version)'s dispatcher, made on first join."""
+        key = (change.replica.model, change.replica.version)
+        d = self._dispatcher(*key) if isinstance(change, Insert) else self.dispatchers.get(key)
+        if d is not None:
+            d.changed(change)
+
     def apply_snapshot(
         self, snapshot: control_pb2.WatchFleetResponse, new_stream: bool = False
     ) -> None:
-        """Take in a controller snapshot (merged while the controller warms up, ADR 0011)."""
+        """Take in a controller snapshot (merged while the controller warms up, ADR 0011); the
+        fleet state's owner of membership tells the pool and the dispatchers what changed."""
         diff = self.fleet.apply(snapshot, new_stream=new_stream)
-        for info in diff.removed:
-            d = self.dispatchers.get((info.model, info.version))
-            if d is not None:
-                d.remove_replica(info.replica_id)
-        for info in diff.added + diff.updated:
-            d = self._dispatcher(info.model, info.version)
-            if info.draining:
-                d.drain_replica(info.replica_id)
-            else:
-                d.upsert_replica(
-                    info.replica_id, info.address, info.slots, info.speed, warmup=info.warmup
-                )
         if not diff.empty or (new_stream and self.fleet.carried):
             log.info(
                 "fleet updated",

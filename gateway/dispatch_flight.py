@@ -40,6 +40,7 @@ from gateway.batching import (
 )
 from gateway.batching.fixed import BatchPolicy
 from gateway.dispatch_pending import InferResult, PendingRequest, rejection_error
+from gateway.replicas import NOMINAL_BATCH_S
 from gateway.routing import (
     AttemptPolicy,
     CostFloor,
@@ -53,11 +54,9 @@ from gateway.routing import (
 )
 from halcyon.v1 import infer_pb2, worker_pb2
 
-__all__ = ["MAX_ATTEMPTS", "NOMINAL_BATCH_S", "FlightSettlement"]
+__all__ = ["MAX_ATTEMPTS", "FlightSettlement"]
 
 MAX_ATTEMPTS = 2  # a request is tried on at most this many batches after a fault
-# Nominal device time for a typical batch at speed 1.0, the router's prior before any sample.
-NOMINAL_BATCH_S = 0.05
 
 _FLUSH = {
     FlushReason.DEADLINE: infer_pb2.FLUSH_REASON_DEADLINE,
@@ -114,7 +113,6 @@ class FlightSettlement:
     _busy_until: dict[str, float]
     _models: dict[str, OnlineCostModel]
     _floors: dict[str, CostFloor]
-    _slots: dict[str, int]
     _breakers_dirty: bool
 
     if TYPE_CHECKING:  # defined by VersionDispatcher
@@ -223,7 +221,7 @@ class FlightSettlement:
             self.router.complete(lease, verdict, latency, now)
             self._breakers_dirty = True
             # Overdue or cut at the deadline: either way the batch costs more than this there.
-            if lease.replica_id in self._slots:
+            if lease.replica_id in self.router:  # still a member
                 floor = self._floors.setdefault(lease.replica_id, CostFloor())
                 floor.ran_out(flight.batch.tokens, latency)
         else:

@@ -20,9 +20,12 @@ a call that ran out of time proves a lower bound on that batch's cost there
 
 Where each part lives (all importable from here, as before):
 
-* this module — membership and replica bookkeeping (cost models and floors kept while a
-  breaker is open or a replica drains), admission, the scheduling loop and its timers, and
-  launching each attempt (:meth:`VersionDispatcher._call`, with its CLIENT span);
+* this module — following membership (:meth:`VersionDispatcher.changed`, the owner's change
+  events, :mod:`gateway.replicas`: the router holds each member's record, the batcher plans
+  onto members neither draining nor with an open breaker), the cost models and floors it
+  learns per member (kept while a breaker is open or a replica drains), admission, the
+  scheduling loop and its timers, and launching each attempt
+  (:meth:`VersionDispatcher._call`, with its CLIENT span);
 * :mod:`gateway.dispatch_pending` — :class:`PendingRequest` (answered exactly once),
   :class:`InferResult` and :func:`rejection_error`;
 * :mod:`gateway.dispatch_flight` — a batch on the wire (``_Flight``) and the outcome of each
@@ -35,14 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Link
 
 from common.clock import Clock
-from common.cost_samples import CostSampleValue
 from common.errors import Reason, RichError
 from common.grpc_metrics import UnaryClientRecorder
 from common.tracing import inject_metadata, spans_recorded, start_client_span
@@ -52,17 +54,18 @@ from gateway.batching import (
     Lane,
     OnlineCostModel,
     Rejected,
+    Seat,
 )
 from gateway.batching.fixed import BatchPolicy
 from gateway.dispatch_flight import (
     _FLUSH,
     MAX_ATTEMPTS,
-    NOMINAL_BATCH_S,
     FlightSettlement,
     _call_code,
     _Flight,
 )
 from gateway.dispatch_pending import InferResult, PendingRequest, rejection_error
+from gateway.replicas import Change, Insert
 from gateway.routing import (
     AttemptPolicy,
     BreakerState,
@@ -73,16 +76,14 @@ from gateway.routing import (
     NoCapacity,
     Outcome,
     PeakEwmaRouter,
-    ReplicaSpec,
 )
-from gateway.warmup import prior_latency_s, seeded_cost_model
+from gateway.warmup import seeded_cost_model
 from gateway.worker_pool import WorkerPool
 from halcyon.v1 import worker_pb2
 
 __all__ = [
     "EXECUTE_BATCH_METHOD",
     "MAX_ATTEMPTS",
-    "NOMINAL_BATCH_S",
     "_FLUSH",
     "FlightSettlement",
     "InferResult",
@@ -141,79 +142,54 @@ class VersionDispatcher(FlightSettlement):
         self._timer_at: float | None = None
         self._flights: dict[int, _Flight] = {}
         self._busy_until: dict[str, float] = {}
-        self.replicas: dict[str, str] = {}  # replica id -> address
         # Each member's learned cost, kept while the batcher does not plan for it (breaker
         # open, draining) so that it neither starts over nor reads as "unknown" meanwhile.
         self._models: dict[str, OnlineCostModel] = {}
         # What calls that ran out of time proved about each member's cost (kept likewise).
         self._floors: dict[str, CostFloor] = {}
-        self._slots: dict[str, int] = {}
-        self._draining: set[str] = set()
         self._shunned: set[str] = set()  # breaker open: not offered to the batcher as capacity
         self._breakers_dirty = False  # a fault was recorded: a breaker may have opened
 
     # -- membership -------------------------------------------------------------------------
 
-    def upsert_replica(
-        self,
-        replica_id: str,
-        address: str,
-        slots: int,
-        speed: float,
-        *,
-        warmup: Sequence[CostSampleValue] = (),
-    ) -> None:
-        """Add a replica or update one; ``warmup`` (the batches its worker measured) seeds
-        its cost model when it first joins, and only then: a known replica keeps what it
-        learned."""
-        now = self._clock.now()
-        self._pool.open(replica_id, address)
-        if replica_id not in self._models:
-            seeded = seeded_cost_model(warmup)
-            if seeded is not None:
-                self._models[replica_id] = seeded  # _plan_for hands it to the batcher
-        prior = prior_latency_s(warmup)
-        self.router.upsert(
-            ReplicaSpec(
-                replica_id,
-                slots=slots,
-                prior_latency_s=prior if prior is not None else NOMINAL_BATCH_S / speed,
-            ),
-            now,
-        )
-        self.router.set_draining(replica_id, False)
-        self._draining.discard(replica_id)
-        self._slots[replica_id] = slots
-        if replica_id not in self._shunned:
-            self._plan_for(replica_id)
-        self.replicas[replica_id] = address
+    def changed(self, change: Change) -> None:
+        """One membership change of this (model, version), from the owner (gateway.replicas).
+
+        A replica joins or takes its new record in the router first (which holds the record)
+        and the batcher after it, which plans onto it unless it drains or its breaker is
+        open; its warm-up seeds its cost model when it first joins, and only then: a known
+        replica keeps what it learned. A replica that leaves is forgotten by both, with what
+        was learned of it."""
+        replica_id = change.replica.replica_id
+        if isinstance(change, Insert):
+            replica = change.replica
+            if replica_id not in self._models:
+                seeded = seeded_cost_model(replica.warmup)
+                if seeded is not None:
+                    self._models[replica_id] = seeded  # _plan_for hands it to the batcher
+            self.router.upsert(replica, self._clock.now())
+            if replica.draining:
+                self.batcher.remove_replica(replica_id)  # its in-flight batches finish
+            elif replica_id not in self._shunned:
+                self._plan_for(replica)
+        else:
+            self.router.remove(replica_id)
+            self.batcher.remove_replica(replica_id)
+            self._shunned.discard(replica_id)
+            self._models.pop(replica_id, None)
+            self._floors.pop(replica_id, None)
         self.kick()
 
-    def _plan_for(self, replica_id: str) -> None:
+    def _plan_for(self, replica: Seat) -> None:
         """Offer a replica to the batcher as capacity, with the cost model it learned so far."""
-        self.batcher.add_replica(
-            replica_id, slots=self._slots[replica_id], cost_model=self._models.get(replica_id)
-        )
-        self._models[replica_id] = self.batcher.cost_model(replica_id)
+        rid = replica.replica_id
+        self.batcher.add_replica(replica, cost_model=self._models.get(rid))
+        self._models[rid] = self.batcher.cost_model(rid)
 
-    def drain_replica(self, replica_id: str) -> None:
-        """A draining replica takes no new batches; its in-flight ones finish."""
-        self.router.set_draining(replica_id, True)
-        self._draining.add(replica_id)
-        self.batcher.remove_replica(replica_id)
-        self.kick()
-
-    def remove_replica(self, replica_id: str) -> None:
-        self.router.remove(replica_id)
-        self.batcher.remove_replica(replica_id)
-        self._pool.close(replica_id)
-        self.replicas.pop(replica_id, None)
-        self._slots.pop(replica_id, None)
-        self._draining.discard(replica_id)
-        self._shunned.discard(replica_id)
-        self._models.pop(replica_id, None)
-        self._floors.pop(replica_id, None)
-        self.kick()
+    @property
+    def replicas(self) -> list[str]:
+        """The members' ids (draining ones included), in the order they joined."""
+        return self.router.replica_ids()
 
     def cost_model(self, replica_id: str) -> OnlineCostModel | None:
         """The replica's learned batch cost (kept while its breaker is open or it drains), or
@@ -237,7 +213,7 @@ class VersionDispatcher(FlightSettlement):
 
     @property
     def has_replicas(self) -> bool:
-        return bool(self.replicas)
+        return len(self.router) > 0
 
     # -- requests ---------------------------------------------------------------------------
 
@@ -303,8 +279,9 @@ class VersionDispatcher(FlightSettlement):
                 self.batcher.remove_replica(rid)
             elif not is_open and rid in self._shunned:
                 self._shunned.discard(rid)
-                if rid not in self._draining and rid in self._slots:
-                    self._plan_for(rid)
+                member = self.router.member(rid)
+                if member is not None and not member.draining:
+                    self._plan_for(member)
 
     def _step(self) -> None:
         batcher = self.batcher

@@ -2,8 +2,10 @@
 traffic for each model splits between versions.
 
 The controller pushes full snapshots; this module diffs each one against what the gateway
-holds and says what changed, so dispatchers add and remove replicas without restarting. It
-is the only fleet state a gateway has, and losing it costs nothing but a resubscribe: when the
+holds, says what changed, and applies the change to the gateway's one owner of replica
+membership (:class:`~gateway.replicas.Replicas`, ``FleetState.replicas``), whose change
+events add and remove replicas in the pool and the dispatchers without restarting. It is the
+only fleet state a gateway has, and losing it costs nothing but a resubscribe: when the
 controller is away the last snapshot stays in force.
 
 A snapshot normally is the whole fleet: what it does not list has left. A snapshot that says
@@ -21,27 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from common.cost_samples import CostSampleValue
+from gateway.replicas import ReplicaInfo, Replicas
 from gateway.versioning import VersionSplit
 from halcyon.v1 import control_pb2
 
 ModelVersion = tuple[str, str]
-
-
-@dataclass(frozen=True, slots=True)
-class ReplicaInfo:
-    """What a gateway needs to know of one replica."""
-
-    replica_id: str
-    address: str
-    model: str
-    version: str
-    hardware: str
-    slots: int
-    speed: float
-    draining: bool
-    runtime: str = ""
-    # What the replica measured before registering: seeds its cost model when it joins.
-    warmup: tuple[CostSampleValue, ...] = ()
 
 
 @dataclass(slots=True)
@@ -63,7 +49,9 @@ class FleetState:
 
     def __init__(self) -> None:
         self.generation = 0
-        self.replicas: dict[str, ReplicaInfo] = {}
+        # The one owner of replica membership: what the diff below says changed is applied
+        # to it, and it tells the pool and the dispatchers (gateway.replicas).
+        self.replicas = Replicas()
         self.splits: dict[str, VersionSplit] = {}
         # Replicas kept from before the controller's warm-up, not (yet) listed by it.
         self.carried: set[str] = set()
@@ -112,8 +100,7 @@ class FleetState:
             if rid in seen:
                 continue
             if snapshot.warming_up and rid not in self._listed_on_stream:
-                seen[rid] = info  # not re-registered yet: keep serving on what we knew
-                carried.add(rid)
+                carried.add(rid)  # not re-registered yet: keep serving on what we knew
             else:
                 diff.removed.append(info)
         splits: dict[str, VersionSplit] = dict(self.splits) if snapshot.warming_up else {}
@@ -123,7 +110,10 @@ class FleetState:
                     r.model, r.stable_version, r.canary_version, min(r.canary_weight_bp, 10_000)
                 )
         diff.splits_changed = splits != self.splits
-        self.replicas = seen
+        for info in diff.removed:
+            self.replicas.remove(info.replica_id)
+        for info in diff.added + diff.updated:
+            self.replicas.insert(info)
         self.splits = splits
         self.carried = carried
         self.generation = snapshot.generation

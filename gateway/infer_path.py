@@ -4,7 +4,10 @@ What it decides: the order of the four decisions for every request — admission
 then the adaptive limit with priority shedding), version (sticky hash over the controller's
 weights), batching and routing (the request's (model, version) dispatcher) — and how each
 outcome is charged back: the limiter learns only from successes, quota is refunded for shed
-work, and every request's outcome is reported to the controller as canary evidence. Why here:
+work, and every request's outcome is reported to the controller as canary evidence. Every exit
+of ``admit`` raises its rejection and every answer is settled into one
+:class:`gateway.request_end.RequestEnd`; one method, :meth:`InferPath._record_end`, records
+it (metrics, admission feedback, evidence), so each way a call ends is counted once. Why here:
 both transport adapters in :mod:`gateway.app` share every one of these decisions and answers,
 so they live once, as :class:`InferPath`, a part of :class:`gateway.app.GatewayApp`.
 """
@@ -26,6 +29,7 @@ from common.durations import set_duration
 from common.errors import (
     Reason,
     RichError,
+    internal,
     not_found_model,
     permission_denied,
     quota_exceeded,
@@ -61,6 +65,7 @@ from gateway.metrics import (
     GatewayMetrics,
     RequestSeries,
 )
+from gateway.request_end import Ending, RequestEnd
 from gateway.validation import ValidRequest, validate
 from halcyon.v1 import control_pb2, infer_pb2
 
@@ -110,6 +115,10 @@ _SHED_REASONS = frozenset(
         Reason.SHUTTING_DOWN,
     }
 )
+# Refusals before admission that the controller hears of, as sheds: the gateway had no capacity
+# for the request (no replica, no fleet yet, or its adaptive limit), evidence about the fleet.
+_CAPACITY_REFUSALS = frozenset({Reason.NO_CAPACITY, Reason.OVERLOADED})
+_SHED_LABELS = frozenset(SHED_REASONS)
 _OK = control_pb2.REQUEST_OUTCOME_KIND_OK
 _ERROR = control_pb2.REQUEST_OUTCOME_KIND_ERROR
 _SHED = control_pb2.REQUEST_OUTCOME_KIND_SHED
@@ -119,11 +128,7 @@ _LATE = control_pb2.REQUEST_OUTCOME_KIND_LATE
 def internal_error(what: str, exc: BaseException) -> RichError:
     """A bug, not a verdict: INTERNAL with a reason instead of UNKNOWN."""
     log.error(what, exc_info=exc)
-    return RichError(
-        grpc.StatusCode.INTERNAL,
-        f"internal error in the gateway ({type(exc).__name__})",
-        reason=Reason.INTERNAL,
-    )
+    return internal(f"internal error in the gateway ({type(exc).__name__})")
 
 
 @dataclass(slots=True, eq=False)
@@ -196,96 +201,94 @@ class InferPath:
 
         ``span`` is the call's RPC span (the adapter's to end): batches link to it.
 
-        Raises the typed rejection (already counted) when the request goes no further; else
-        the request is answered by its dispatcher, or by the answer guard if a bug or a lost
-        worker reply leaves it unanswered past its deadline.
+        Raises the typed rejection (already recorded) when the request goes no further: each
+        exit below raises its rejection, and the one handler at the end records how the call
+        ended, once. Else the request is answered by its dispatcher, or by the answer guard if
+        a bug or a lost worker reply leaves it unanswered past its deadline.
         """
-        metrics = self.metrics
-        tenant_name = NO_TENANT
+        # What is known so far, for the handler that records an exit.
+        tenant: TenantConfig | None = None
+        valid: ValidRequest | None = None
+        series: RequestSeries | None = None
+        version = ""
+        ticket: AdmissionTicket | None = None
+        now = 0.0
         try:
             if self._closing:
                 raise unavailable(Reason.SHUTTING_DOWN, "the gateway is shutting down", None)
             tenant = self._authenticate(metadata)
-            tenant_name = tenant.name
             valid = validate(request, time_remaining_s, self.config.default_timeout_s)
-        except RichError as err:
-            model = request.model if request.model in self.fleet.models() else UNKNOWN_MODEL
-            self._count_refused(err, metrics.series(tenant_name, model, NO_VERSION), None)
-            raise
-        now = self.clock.now()
-        request_id = f"{self._id_prefix}-{next(self._ids):x}"
-        split = self.fleet.splits.get(valid.model)
-        if split is None:
-            if self.fleet.generation == 0 or valid.model in self.fleet.models():
-                # No fleet snapshot yet, or the controller has no stable version for the
-                # model: a retry can work once the controller says more.
-                why = (
-                    "the gateway has not received the fleet from the controller yet"
-                    if self.fleet.generation == 0
-                    else f"model {valid.model!r} has no stable version configured"
+            now = self.clock.now()
+            request_id = f"{self._id_prefix}-{next(self._ids):x}"
+            split = self.fleet.splits.get(valid.model)
+            if split is None:
+                if self.fleet.generation == 0 or valid.model in self.fleet.models():
+                    # No fleet snapshot yet, or the controller has no stable version for the
+                    # model: a retry can work once the controller says more.
+                    why = (
+                        "the gateway has not received the fleet from the controller yet"
+                        if self.fleet.generation == 0
+                        else f"model {valid.model!r} has no stable version configured"
+                    )
+                    raise unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
+                raise not_found_model(valid.model)
+            version = split.version_for(valid.session_key or request_id)
+            series = self.metrics.series(tenant.name, valid.model, version)
+            dispatcher = self.dispatchers.get((valid.model, version))
+            if dispatcher is None or not dispatcher.has_replicas:
+                raise unavailable(
+                    Reason.NO_CAPACITY,
+                    f"no replica serves {valid.model} {version} right now",
+                    self._fleet_retry_hint(),
                 )
-                pending_fleet = unavailable(Reason.NO_CAPACITY, why, self._fleet_retry_hint())
-                model = valid.model if self.fleet.generation else UNKNOWN_MODEL
-                series = metrics.series(tenant.name, model, NO_VERSION)
-                self._finish_unadmitted(valid.model, "", pending_fleet, series, tenant, valid)
-                raise pending_fleet
-            missing = not_found_model(valid.model)
-            self._count_refused(missing, metrics.series(tenant.name, UNKNOWN_MODEL, NO_VERSION))
-            raise missing
-        version = split.version_for(valid.session_key or request_id)
-        series = metrics.series(tenant.name, valid.model, version)
-        dispatcher = self.dispatchers.get((valid.model, version))
-        if dispatcher is None or not dispatcher.has_replicas:
-            no_replica = unavailable(
-                Reason.NO_CAPACITY,
-                f"no replica serves {valid.model} {version} right now",
-                self._fleet_retry_hint(),
+            granted = self.admission.admit(
+                tenant,
+                request_cost(valid.input_tokens, valid.max_output_tokens),
+                now,
+                _PRIORITY.get(valid.priority),
             )
-            self._finish_unadmitted(valid.model, version, no_replica, series, tenant, valid)
-            raise no_replica
-        ticket = self.admission.admit(
-            tenant,
-            request_cost(valid.input_tokens, valid.max_output_tokens),
-            now,
-            _PRIORITY.get(valid.priority),
-        )
-        if isinstance(ticket, QuotaExceeded):
-            over_quota = quota_exceeded(ticket.tenant, ticket.retry_after_s, ticket.description)
-            self._count_refused(over_quota, series, _effective_priority(tenant, valid))
-            raise over_quota
-        if isinstance(ticket, Overloaded):
-            overloaded = unavailable(
-                Reason.OVERLOADED,
-                f"the gateway is at its adaptive concurrency limit for {ticket.priority} "
-                f"traffic ({ticket.allowed} of {ticket.limit})",
-                ticket.retry_after_s,
+            if isinstance(granted, QuotaExceeded):
+                raise quota_exceeded(granted.tenant, granted.retry_after_s, granted.description)
+            if isinstance(granted, Overloaded):
+                raise unavailable(
+                    Reason.OVERLOADED,
+                    f"the gateway is at its adaptive concurrency limit for {granted.priority} "
+                    f"traffic ({granted.allowed} of {granted.limit})",
+                    granted.retry_after_s,
+                )
+            ticket = granted
+            span_context: trace.SpanContext | None = None
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "halcyon.tenant": tenant.name,
+                        "halcyon.model": valid.model,
+                        "halcyon.version": version,
+                    }
+                )
+                span_context = span.get_span_context()
+            pending = PendingRequest(
+                request_id=request_id,
+                valid=valid,
+                received_at=now,
+                deadline=now + valid.timeout_s,
+                span_context=span_context,
             )
-            # The gateway's own limit, shared by every version: evidence about the gateway, not
-            # about this request's version, so it is not reported as one (as with quota).
-            self._finish_unadmitted(valid.model, "", overloaded, series, tenant, valid)
-            raise overloaded
-
-        span_context: trace.SpanContext | None = None
-        if span.is_recording():
-            span.set_attributes(
-                {
-                    "halcyon.tenant": tenant.name,
-                    "halcyon.model": valid.model,
-                    "halcyon.version": version,
-                }
+            if self._guard is None:
+                self._guard = AnswerGuard(asyncio.get_running_loop(), _expire)
+            self._guard.watch(pending, valid.timeout_s + ANSWER_GRACE_S)
+        except Exception as exc:  # every exit: the rejection, or a bug (never UNKNOWN)
+            err = (
+                exc
+                if isinstance(exc, RichError)
+                else internal_error("Infer failed before admission", exc)
             )
-            span_context = span.get_span_context()
-        loop = asyncio.get_running_loop()
-        pending = PendingRequest(
-            request_id=request_id,
-            valid=valid,
-            received_at=now,
-            deadline=now + valid.timeout_s,
-            span_context=span_context,
-        )
-        if self._guard is None:
-            self._guard = AnswerGuard(loop, _expire)
-        self._guard.watch(pending, valid.timeout_s + ANSWER_GRACE_S)
+            self._record_end(
+                self._early_end(err, request.model, tenant, valid, series, version, ticket, now)
+            )
+            if err is exc:
+                raise
+            raise err from exc
         self._inflight += 1
         try:
             dispatcher.submit(pending)
@@ -295,76 +298,153 @@ class InferPath:
             pending.reject(internal_error("Infer failed unexpectedly", exc))
         return Admitted(pending, ticket, version, series)
 
+    def _early_end(
+        self,
+        err: RichError,
+        model: str,
+        tenant: TenantConfig | None,
+        valid: ValidRequest | None,
+        series: RequestSeries | None,
+        version: str,
+        ticket: AdmissionTicket | None,
+        admitted_at: float,
+    ) -> RequestEnd:
+        """How a call that ``admit`` answered with ``err`` ended, from what it knew by then."""
+        if series is None:  # refused before a version was chosen: client input is no label
+            label = model if model in self.fleet.models() else UNKNOWN_MODEL
+            series = self.metrics.series(
+                NO_TENANT if tenant is None else tenant.name, label, NO_VERSION
+            )
+        if ticket is None:
+            priority = None
+            if tenant is not None and valid is not None:
+                priority = _effective_priority(tenant, valid)
+            return RequestEnd(Ending.REFUSED, series, model, version, err, priority)
+        # Admitted, then a bug before it was queued: its ticket is released like a failure's.
+        done = self.clock.now()
+        return RequestEnd(
+            Ending.FAILED,
+            series,
+            model,
+            version,
+            err,
+            ticket.priority,
+            ticket,
+            done,
+            done - admitted_at,
+        )
+
     def settle(self, admitted: Admitted) -> infer_pb2.InferResponse | RichError:
         """Account for an answered request; its response, or the typed error to send."""
         pending = admitted.pending
         self._inflight -= 1
-        valid = pending.valid
-        now = pending.received_at
         exc = pending.error
-        if exc is not None:
-            err = exc if isinstance(exc, RichError) else internal_error("Infer failed", exc)
-            outcome = (
-                AdmissionOutcome.SHED if err.reason in _SHED_REASONS else AdmissionOutcome.FAILED
-            )
+        if exc is None:
+            result = pending.result
+            assert result is not None  # answered without an error
             done = self.clock.now()
-            self.admission.finish(
-                admitted.ticket,
-                outcome,
-                None,
-                done,
-                queue_shed_budget_s=_queue_shed_budget(err, pending.deadline - now),
+            total = done - pending.received_at
+            self._record_end(
+                RequestEnd(
+                    Ending.ANSWERED,
+                    admitted.series,
+                    pending.valid.model,
+                    admitted.version,
+                    None,
+                    admitted.ticket.priority,
+                    admitted.ticket,
+                    done,
+                    total,
+                    done <= pending.deadline,
+                    result.replica_id,
+                )
             )
-            kind = _SHED if outcome is AdmissionOutcome.SHED else _ERROR
-            self._report(valid.model, admitted.version, "", kind, done - now)
-            self._count_refused(err, admitted.series, admitted.ticket.priority)
-            return err
-        result = pending.result
-        assert result is not None  # answered without an error
+            return _response(pending, admitted.version, result, total)
+        err = exc if isinstance(exc, RichError) else internal_error("Infer failed", exc)
         done = self.clock.now()
-        total = done - now
-        self.admission.finish(admitted.ticket, AdmissionOutcome.SUCCESS, total, done)
-        late = done > pending.deadline
-        self._report(
-            valid.model, admitted.version, result.replica_id, _LATE if late else _OK, total
+        self._record_end(
+            RequestEnd(
+                Ending.FAILED,
+                admitted.series,
+                pending.valid.model,
+                admitted.version,
+                err,
+                admitted.ticket.priority,
+                admitted.ticket,
+                done,
+                done - pending.received_at,
+                budget_s=pending.deadline - pending.received_at,
+            )
         )
-        admitted.series.answered(total, not late)
-        return _response(pending, admitted.version, result, total)
+        return err
 
     def settle_cancelled(self, admitted: Admitted) -> None:
         """The client went away (or its gRPC deadline passed): free everything, no sample."""
         self._inflight -= 1
-        self.admission.finish(admitted.ticket, AdmissionOutcome.CANCELLED, None, self.clock.now())
-        admitted.series.outcomes["cancelled"].inc()
+        self._record_end(
+            RequestEnd(
+                Ending.CANCELLED,
+                admitted.series,
+                admitted.pending.valid.model,
+                admitted.version,
+                ticket=admitted.ticket,
+                at=self.clock.now(),
+            )
+        )
+
+    def _record_end(self, end: RequestEnd) -> None:
+        """Record how a request ended, for every end alike (the one place that does).
+
+        The outcome counter of its series (with latency and goodput for an answer); a shed
+        also by reason and priority; an admitted request's ticket finished, so the limiter
+        learns only from successes and shed work is refunded its quota; and the controller's
+        evidence: every admitted request's outcome, and the refusals for lack of capacity.
+        """
+        series = end.series
+        ending = end.ending
+        ticket = end.ticket
+        link = self.link
+        if ending is Ending.ANSWERED:
+            assert ticket is not None
+            series.answered(end.latency_s, end.on_time)
+            self.admission.finish(ticket, AdmissionOutcome.SUCCESS, end.latency_s, end.at)
+            if link is not None:
+                kind = _OK if end.on_time else _LATE
+                link.record_request(end.model, end.version, end.replica, kind, end.latency_s)
+            return
+        if ending is Ending.CANCELLED:
+            assert ticket is not None
+            series.outcomes["cancelled"].inc()
+            self.admission.finish(ticket, AdmissionOutcome.CANCELLED, None, end.at)
+            return
+        err = end.error
+        assert err is not None  # REFUSED and FAILED carry their error
+        label = _outcome_label(err)
+        series.outcomes[label].inc()
+        if end.priority is not None and label in _SHED_LABELS:
+            self.metrics.count_shed(label, end.priority.value)
+        if ending is Ending.FAILED:
+            assert ticket is not None
+            shed = err.reason in _SHED_REASONS
+            self.admission.finish(
+                ticket,
+                AdmissionOutcome.SHED if shed else AdmissionOutcome.FAILED,
+                None,
+                end.at,
+                queue_shed_budget_s=_queue_shed_budget(err, end.budget_s),
+            )
+            if link is not None:
+                kind = _SHED if shed else _ERROR
+                link.record_request(end.model, end.version, "", kind, end.latency_s)
+        elif err.reason in _CAPACITY_REFUSALS and link is not None:
+            # The adaptive limit is the gateway's own, shared by every version: evidence about
+            # the gateway, not about this request's version, so it is reported without one.
+            version = "" if err.reason == Reason.OVERLOADED else end.version
+            link.record_request(end.model, version, "", _SHED, 0.0)
 
     def _fleet_retry_hint(self) -> float | None:
         """When the fleet view can next change: None without a controller (it never will)."""
         return None if self.link is None else self.link.retry_hint()
-
-    def _finish_unadmitted(
-        self,
-        model: str,
-        version: str,
-        err: RichError,
-        series: RequestSeries,
-        tenant: TenantConfig,
-        valid: ValidRequest,
-    ) -> None:
-        self._count_refused(err, series, _effective_priority(tenant, valid))
-        self._report(model, version, "", _SHED, 0.0)
-
-    def _count_refused(
-        self, err: RichError, series: RequestSeries, priority: Priority | None = None
-    ) -> None:
-        """Count a request that ended with ``err``; a shed also by reason and priority."""
-        label = _outcome_label(err)
-        series.outcomes[label].inc()
-        if priority is not None and label in SHED_REASONS:
-            self.metrics.count_shed(label, priority.value)
-
-    def _report(self, model: str, version: str, replica: str, kind: int, latency: float) -> None:
-        if self.link is not None:
-            self.link.record_request(model, version, replica, kind, latency)
 
 
 def _expire(pending: PendingRequest) -> None:

@@ -1,5 +1,5 @@
 """``python -m halcyon`` is the ``halcyon`` command."""
 
-from halcyon.cli import main
+from halcyon.tools.cli import main
 
 raise SystemExit(main())

@@ -9,8 +9,11 @@ Starts a ``ServiceHost`` with one echo method in a child process, on ``--serving
     .venv/bin/python scripts/bare_call_cost.py --path aio
     .venv/bin/python scripts/bare_call_cost.py --path aio --decode
 
-``--decode`` gives the aio method a protobuf request deserializer, as every real method has, so
-the per-call work of the decode guard (``common.decode_guard``) is in the figure.
+The method is added with ``ServiceHost.add_unary``, so either path runs it behind the host's
+unary pipeline (``common.pipeline``: tracing, metrics, stop gate, decode). ``--decode`` gives
+the method a protobuf request deserializer, as every real method has, so decoding the request
+is in the figure (on either path). Tracing is configured from the environment as in every
+server process: with no exporter configured, the pipeline makes no spans (``spans_recorded``).
 """
 
 from __future__ import annotations
@@ -39,28 +42,18 @@ def _cpu_seconds(pid: int) -> float:
 
 
 async def _serve(path: str, decode: bool) -> None:
-    from common.raw_unary import RawCall, RawUnaryEndpoint
+    from common.call import UnaryCall
     from common.serving import ServiceHost, ServingOptions
+    from common.tracing import configure_tracing
 
-    async def echo(request: Any, context: Any) -> Any:
-        return request
+    # As every server process does: with no exporter configured (none here) no span is made.
+    configure_tracing("bench")
 
-    def register(_servicer: Any, server: Any) -> None:
-        handler = grpc.unary_unary_rpc_method_handler(
-            echo,
-            request_deserializer=BytesValue.FromString if decode else None,
-            response_serializer=BytesValue.SerializeToString if decode else None,
-        )
-        server.add_generic_rpc_handlers(
-            (grpc.method_handlers_generic_handler("halcyon.bench.Echo", {"Call": handler}),)
-        )
-
-    def raw_echo(call: RawCall) -> None:
+    def echo(_request: Any, call: UnaryCall) -> None:
         call.reply(call.request)
 
     host = ServiceHost("bench", ServingOptions(metrics_listen=None, serving_path=path), None)
-    host.add_service(register, None, "halcyon.bench.Echo")
-    host.add_raw_unary(RawUnaryEndpoint(METHOD, raw_echo, host.grpc_metrics))
+    host.add_unary(METHOD, echo, deserializer=BytesValue.FromString if decode else None)
     await host.start()
     print(host.grpc_address, host.serving_path, flush=True)
     await host.serve_until_signal()
@@ -91,7 +84,7 @@ def main() -> int:
     parser.add_argument(
         "--decode",
         action="store_true",
-        help="aio: the method decodes its request as a protobuf message (default: raw bytes)",
+        help="the method decodes its request as a protobuf message (default: raw bytes)",
     )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()

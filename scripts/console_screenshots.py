@@ -34,7 +34,7 @@ from google.protobuf import duration_pb2
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from halcyon.rollout_verify import Load  # noqa: E402
+from halcyon.tools.rollout_verify import Load  # noqa: E402
 from halcyon.v1 import control_pb2, control_pb2_grpc  # noqa: E402
 
 MODEL = "llama-3-8b"

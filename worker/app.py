@@ -33,7 +33,6 @@ from common.auth import AuthPolicy
 from common.backoff import Backoff
 from common.clock import Clock, MonotonicClock
 from common.cost_samples import MAX_WARMUP_SAMPLES, CostSampleValue
-from common.raw_unary import RawUnaryEndpoint
 from common.rng import SeededRng
 from common.serving import (
     ServiceHost,
@@ -42,7 +41,7 @@ from common.serving import (
     format_hostport,
     parse_hostport,
 )
-from halcyon.v1 import worker_pb2_grpc
+from halcyon.v1 import worker_pb2, worker_pb2_grpc
 from worker.descriptor import ReplicaIdentity
 from worker.faults import FaultInjector
 from worker.metrics import WorkerMetrics
@@ -50,7 +49,12 @@ from worker.registration import ControllerSession
 from worker.replica import DrainResult, Replica, ReplicaShuttingDown
 from worker.runtime import ModelRuntime
 from worker.runtimes import OipOptions, OnnxOptions, RuntimeKind, SimulatedOptions, build_runtime
-from worker.servicer import EXECUTE_BATCH_METHOD, SERVICE_NAME, RawExecuteBatch, WorkerService
+from worker.servicer import (
+    EXECUTE_BATCH_METHOD,
+    SERVICE_NAME,
+    ExecuteBatchAdapter,
+    WorkerService,
+)
 from worker.slots import SlotTable
 
 __all__ = ["WorkerApp", "WorkerConfig", "worker_auth_policy"]
@@ -114,6 +118,7 @@ class WorkerApp:
             "worker",
             config.serving,
             worker_auth_policy(config.fleet_token, config.operator_token),
+            tracer=tracer,
         )
         self.metrics = WorkerMetrics(self.host.registry, model=config.model, version=config.version)
         self.faults = FaultInjector(
@@ -154,12 +159,12 @@ class WorkerApp:
         self.host.add_service(
             worker_pb2_grpc.add_WorkerServiceServicer_to_server, self.servicer, SERVICE_NAME
         )
-        # ExecuteBatch off its own completion queue (ADR 0006); the servicer above serves it
-        # only if that endpoint cannot attach.
-        self.host.add_raw_unary(
-            RawUnaryEndpoint(
-                EXECUTE_BATCH_METHOD, RawExecuteBatch(self.servicer, tracer), self.host.grpc_metrics
-            )
+        # ExecuteBatch off its own completion queue where it may attach (ADR 0006), else
+        # grpc.aio: one adapter, behind the host's pipeline, either way.
+        self.host.add_unary(
+            EXECUTE_BATCH_METHOD,
+            ExecuteBatchAdapter(self.servicer),
+            deserializer=worker_pb2.ExecuteBatchRequest.FromString,
         )
         self.identity: ReplicaIdentity | None = None
         self.session: ControllerSession | None = None

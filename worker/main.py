@@ -19,6 +19,7 @@ from common.backoff import Backoff
 from common.credentials import CredentialError, add_credential_arguments, load_credentials
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
+from common.parent_death import die_with_parent
 from common.serving import (
     ServingFailed,
     add_serving_arguments,
@@ -331,6 +332,7 @@ def config_from_args(args: argparse.Namespace) -> WorkerConfig:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM/SIGINT, drain, exit 0."""
+    die_with_parent()  # a launcher's child: gone with the launcher (SIGKILL too)
     configure_logging("worker", args.log_level)
     configure_tracing("worker")
     try:

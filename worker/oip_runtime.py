@@ -69,7 +69,7 @@ from worker.runtime import (
     batch_tokens,
     samples_from_tuples,
 )
-from worker.runtimes import OipOptions
+from worker.runtime_options import OipOptions
 
 __all__ = [
     "OUTPUT_TOKENS_TENSOR",

@@ -48,7 +48,7 @@ from worker.runtime import (
     batch_tokens,
     samples_from_tuples,
 )
-from worker.runtimes import OnnxOptions
+from worker.runtime_options import OnnxOptions
 
 __all__ = ["CostFit", "OnnxRuntime", "WarmupSample", "output_text"]
 

@@ -8,56 +8,12 @@ machine without it can still run the default stack.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from enum import StrEnum
-
 from common.clock import Clock
 from worker.faults import FaultInjector
 from worker.runtime import ModelRuntime, SimulatedDevice
+from worker.runtime_options import OipOptions, OnnxOptions, RuntimeKind, SimulatedOptions
 
 __all__ = ["OipOptions", "OnnxOptions", "RuntimeKind", "SimulatedOptions", "build_runtime"]
-
-
-class RuntimeKind(StrEnum):
-    """The ``--runtime`` choices."""
-
-    SIMULATED = "simulated"
-    ONNX = "onnx"
-    OIP = "oip"
-
-
-@dataclass(frozen=True)
-class OnnxOptions:
-    """An in-process ONNX Runtime model (``--runtime onnx``)."""
-
-    model_file: str
-    threads: int = 1
-
-
-@dataclass(frozen=True)
-class OipOptions:
-    """A remote Open Inference Protocol (KServe v2 gRPC) backend (``--runtime oip``)."""
-
-    backend: str  # host:port of the backend's GRPCInferenceService
-    backend_model: str
-    backend_version: str = ""
-    input_name: str = "text_input"
-    max_tokens_name: str = "max_tokens"
-    output_name: str = "text_output"
-    readiness_interval_s: float = 1.0
-    start_timeout_s: float = 30.0  # how long start waits for ServerReady and ModelReady
-    call_timeout_s: float = 120.0  # a ModelInfer's own bound (cancellation ends it sooner)
-
-
-@dataclass(frozen=True)
-class SimulatedOptions:
-    """The simulated device's constants (``--runtime simulated``, the default)."""
-
-    intercept_ms: float = 18.0
-    ms_per_token: float = 0.022
-    speed: float = 1.0
-    jitter: float = 0.08
-    seed: int = 0
 
 
 def build_runtime(

@@ -2,11 +2,12 @@
 
 What it decides: nothing of substance — it is the thin adapter the design asks for. Requests
 are validated by :mod:`worker.validation`, run by :class:`~worker.replica.Replica`, and every
-failure is turned into a status by :func:`worker.rejections.to_rich_error` and sent with
-:func:`common.errors.abort`, all in one place. ExecuteBatch continues the caller's trace: its
-RPC span (the OpenTelemetry interceptor's on the grpc.aio path, the same span made by
-:class:`RawExecuteBatch` on the completion-queue path) is a child of the W3C context in the
-call metadata, and :meth:`WorkerService.execute` adds what the batch was and how it ended.
+failure is turned into a status by :func:`worker.rejections.to_rich_error`, all in one place.
+ExecuteBatch has one adapter, :class:`ExecuteBatchAdapter`, for both transports (the
+completion queue and ``grpc.aio``, behind the host's unary pipeline); Drain, Undrain and
+Describe are servicer methods. ExecuteBatch continues the caller's trace: its RPC span (made
+by the pipeline's tracing layer) is a child of the W3C context in the call metadata, and
+:meth:`WorkerService.execute` adds what the batch was and how it ended.
 
 A response that cannot be built or encoded (a bug: a value its field cannot hold) is answered
 INTERNAL with reason ``INTERNAL`` on both serving paths, never a bare INTERNAL or UNKNOWN. A
@@ -23,15 +24,13 @@ from typing import Any
 
 import grpc
 import grpc.aio
-from google.protobuf.message import DecodeError
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 
+from common.call import UnaryCall
 from common.durations import DurationOutOfRange, checked_seconds, to_duration
-from common.errors import RichError, abort, internal, invalid_argument, undecodable
-from common.raw_unary import RawCall
-from common.tracing import end_rpc_span, spans_recorded, start_server_span
+from common.errors import RichError, abort, internal, invalid_argument
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
 from worker.descriptor import ReplicaIdentity
 from worker.metrics import BatchOutcome, WorkerMetrics
@@ -45,7 +44,7 @@ __all__ = [
     "EXECUTE_BATCH_METHOD",
     "MAX_DRAIN_GRACE_S",
     "SERVICE_NAME",
-    "RawExecuteBatch",
+    "ExecuteBatchAdapter",
     "WorkerService",
 ]
 
@@ -73,7 +72,8 @@ def _response(replica_id: str, result: RuntimeResult) -> worker_pb2.ExecuteBatch
 
 
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
-    """ExecuteBatch, Drain, Undrain and Describe over a :class:`Replica`."""
+    """ExecuteBatch (:meth:`execute`, served by :class:`ExecuteBatchAdapter`), Drain, Undrain
+    and Describe over a :class:`Replica`."""
 
     def __init__(
         self,
@@ -96,10 +96,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     async def ExecuteBatch(
         self, request: worker_pb2.ExecuteBatchRequest, context: grpc.aio.ServicerContext
     ) -> worker_pb2.ExecuteBatchResponse:
-        outcome = await self.execute(request, context.invocation_metadata())
-        if isinstance(outcome, RichError):
-            await abort(context, outcome)
-        return outcome
+        """Never called: the host serves ExecuteBatch through :class:`ExecuteBatchAdapter`
+        (``ServiceHost.add_unary`` claims the method); the generated base declares it."""
+        raise NotImplementedError("ExecuteBatch is served by ExecuteBatchAdapter")
 
     async def execute(
         self, request: worker_pb2.ExecuteBatchRequest, metadata: Iterable[tuple[str, Any]] | None
@@ -188,31 +187,17 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         )
 
 
-class RawExecuteBatch:
-    """Thin completion-queue adapter for ExecuteBatch (``common.raw_unary``; ADR 0006): the
-    same :meth:`WorkerService.execute`, without grpc.aio's per-call machinery."""
+class ExecuteBatchAdapter:
+    """``handler(request, call)`` for ExecuteBatch on both transports: the batch runs as a
+    task (with the call's span current) and its outcome is the call's answer."""
 
-    def __init__(self, service: WorkerService, tracer: trace.Tracer | None = None) -> None:
+    def __init__(self, service: WorkerService) -> None:
         self._service = service
-        self._tracer = tracer if tracer is not None else trace.get_tracer("halcyon.worker")
         self._running: set[asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]] = set()
 
-    def __call__(self, call: RawCall) -> None:
-        # The span the OpenTelemetry interceptor makes on the grpc.aio path, when recorded.
-        span = (
-            start_server_span(self._tracer, EXECUTE_BATCH_METHOD, call.metadata, call.peer())
-            if spans_recorded()
-            else None
-        )
-        try:
-            request = worker_pb2.ExecuteBatchRequest.FromString(call.request)
-        except DecodeError:
-            err = undecodable("halcyon.v1.ExecuteBatchRequest")
-            call.reject(err)
-            if span is not None:
-                end_rpc_span(span, err.code, err.message)
-            return
-        if span is None:
+    def __call__(self, request: worker_pb2.ExecuteBatchRequest, call: UnaryCall) -> None:
+        span = call.span
+        if span is trace.INVALID_SPAN:
             task = asyncio.ensure_future(self._service.execute(request, call.metadata))
         else:  # the task runs with the span current (it copies the context it starts in)
             token = otel_context.attach(trace.set_span_in_context(span))
@@ -226,28 +211,22 @@ class RawExecuteBatch:
 
         def answer(done: asyncio.Task[worker_pb2.ExecuteBatchResponse | RichError]) -> None:
             self._running.discard(done)
-            code, details = grpc.StatusCode.OK, ""
             if done.cancelled():
-                code = grpc.StatusCode.CANCELLED
-            elif (exc := done.exception()) is not None:
+                return  # the call was cancelled (or the process is stopping): nothing to send
+            if (exc := done.exception()) is not None:
                 _log.error("unexpected ExecuteBatch failure", exc_info=exc)
-                err = internal(f"internal error ({type(exc).__name__})")
-                code, details = err.code, err.message
-                call.reject(err)
+                call.reject(internal(f"internal error ({type(exc).__name__})"))
             elif isinstance(outcome := done.result(), RichError):
-                code, details = outcome.code, outcome.message
                 call.reject(outcome)
             else:
                 try:
                     payload = outcome.SerializeToString()
                 except Exception as exc:  # pragma: no cover - an unencodable response is a bug
                     _log.error("ExecuteBatch response could not be encoded", exc_info=exc)
-                    err = internal(f"the response could not be encoded ({type(exc).__name__})")
-                    code, details = err.code, err.message
-                    call.reject(err)
+                    call.reject(
+                        internal(f"the response could not be encoded ({type(exc).__name__})")
+                    )
                 else:
                     call.reply(payload)
-            if span is not None:
-                end_rpc_span(span, code, details)
 
         task.add_done_callback(answer)

@@ -126,6 +126,17 @@ class TenantQuotas:
             bucket.refund(charge.cost, now)
         return True
 
+    def set_share(self, tenant: TenantConfig, rate: float, burst: float, now: float) -> None:
+        """Hold ``tenant`` to ``rate`` and ``burst`` instead of its configured quota: its share
+        of a fleet-wide contract (``gateway.admission.quota_lease``). The balance carries over
+        (refilled at the old rate up to ``now``, then capped at the new burst); a tenant not
+        seen yet starts with a full bucket of the share, never of the whole quota."""
+        bucket = self._buckets.get(tenant.name)
+        if bucket is None:
+            self._buckets[tenant.name] = TokenBucket(rate, burst, now)
+        else:
+            bucket.reconfigure(rate, burst, now)
+
     def available(self, tenant: TenantConfig, now: float) -> float:
         return self._bucket(tenant, now).tokens(now)
 

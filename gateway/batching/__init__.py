@@ -17,8 +17,8 @@ Usage from an asyncio gateway (one batcher per (model, version); ``answer_*`` ar
 servicer's own helpers)::
 
     batcher: DeadlineBatcher[RequestHandle] = DeadlineBatcher(MonotonicClock(), BatcherConfig())
-    batcher.add_replica("gpu-a", slots=2)                  # each replica learns its own cost
-    batcher.add_replica("gpu-b", slots=1, cost_model=OnlineCostModel(0.030, 0.00009))
+    batcher.add_replica(ReplicaSlots("gpu-a", slots=2))    # each replica learns its own cost
+    batcher.add_replica(ReplicaSlots("gpu-b"), cost_model=OnlineCostModel(0.030, 0.00009))
 
     # (a) admission: an immediate, typed answer
     result = batcher.submit(                              # tokens: input + output budget
@@ -49,7 +49,9 @@ servicer's own helpers)::
             answer_served(batch, reply)
         pump()
 
-    # (f) membership follows the fleet: add_replica / remove_replica at any time
+    # (f) membership follows the fleet: add_replica / remove_replica at any time; the batcher
+    #     reads a replica's slots from the record it was handed (any ``Seat``: in the gateway
+    #     the membership owner's record, gateway.replicas), so a new record is a new add_replica
     # (g) shutdown: close() refuses new work, queued work keeps dispatching; drain() returns
     #     whatever is still queued so every caller gets an answer.
 
@@ -71,6 +73,8 @@ from gateway.batching.records import (
     Objective,
     PredictionParts,
     Rejected,
+    ReplicaSlots,
+    Seat,
 )
 
 __all__ = [
@@ -89,4 +93,6 @@ __all__ = [
     "OnlineCostModel",
     "PredictionParts",
     "Rejected",
+    "ReplicaSlots",
+    "Seat",
 ]

@@ -20,7 +20,7 @@ from gateway.batching.cost_model import OnlineCostModel
 from gateway.batching.horizon import choose_horizon, protecting_horizon
 from gateway.batching.lanes import _FREE_AT, _OUTPUT, _LaneQueue, _Replica
 from gateway.batching.planner import Plan, SlotView, plan_batches
-from gateway.batching.records import DropReason, P
+from gateway.batching.records import DropReason, P, Seat
 
 # Arrivals between two choices of which deadline class the horizon protects (one window).
 _RECHOOSE_EVERY = 1024
@@ -33,15 +33,15 @@ class _CapacityPlanner(_LaneQueue[P]):
 
     # -- replicas ------------------------------------------------------------------------
 
-    def add_replica(
-        self, replica_id: str, *, slots: int = 1, cost_model: OnlineCostModel | None = None
-    ) -> None:
-        """Adds (or re-adds) a replica with ``slots`` concurrent batches and its own cost model."""
-        if slots < 1:
+    def add_replica(self, seat: Seat, *, cost_model: OnlineCostModel | None = None) -> None:
+        """Adds (or re-adds, or takes the new record of) a replica that runs ``seat.slots``
+        concurrent batches, with its own cost model."""
+        if seat.slots < 1:
             raise ValueError("a replica needs at least one slot")
+        replica_id = seat.replica_id
         existing = self._replicas.get(replica_id)
         if existing is not None and not existing.removed:
-            existing.slots = slots
+            existing.seat = seat
             if cost_model is not None:
                 existing.model = cost_model
         else:
@@ -56,7 +56,7 @@ class _CapacityPlanner(_LaneQueue[P]):
                         prior_step_s=self._cfg.prior_step_s,
                     )
                 )
-            replica: _Replica[P] = _Replica(replica_id, slots, model)
+            replica: _Replica[P] = _Replica(seat, model)
             if existing is not None:
                 replica.in_flight = existing.in_flight
                 for batch_id in replica.in_flight:

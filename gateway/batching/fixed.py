@@ -41,6 +41,7 @@ from common.clock import Clock
 from gateway.batching.batcher import DeadlineBatcher
 from gateway.batching.config import BatcherConfig
 from gateway.batching.cost_model import OnlineCostModel
+from gateway.batching.lanes import _Replica
 from gateway.batching.records import (
     Accepted,
     Batch,
@@ -51,6 +52,7 @@ from gateway.batching.records import (
     Lane,
     PredictionParts,
     Rejected,
+    Seat,
 )
 
 __all__ = [
@@ -101,9 +103,7 @@ class BatchPolicy(Protocol[P]):
     @property
     def depth(self) -> int: ...
 
-    def add_replica(
-        self, replica_id: str, *, slots: int = 1, cost_model: OnlineCostModel | None = None
-    ) -> None: ...
+    def add_replica(self, seat: Seat, *, cost_model: OnlineCostModel | None = None) -> None: ...
 
     def remove_replica(self, replica_id: str) -> None: ...
 
@@ -137,20 +137,6 @@ class BatchPolicy(Protocol[P]):
     def close(self) -> None: ...
 
     def drain(self) -> list[BatchItem[P]]: ...
-
-
-class _Replica(Generic[P]):
-    __slots__ = ("in_flight", "model", "removed", "replica_id", "slots")
-
-    def __init__(self, replica_id: str, slots: int, model: OnlineCostModel) -> None:
-        self.replica_id = replica_id
-        self.slots = slots
-        self.model = model
-        self.in_flight: dict[int, Batch[P]] = {}
-        self.removed = False
-
-    def free_slots(self) -> int:
-        return 0 if self.removed else self.slots - len(self.in_flight)
 
 
 class FixedBatcher(Generic[P]):
@@ -205,22 +191,22 @@ class FixedBatcher(Generic[P]):
 
     # -- replicas ------------------------------------------------------------------------
 
-    def add_replica(
-        self, replica_id: str, *, slots: int = 1, cost_model: OnlineCostModel | None = None
-    ) -> None:
-        """Adds (or re-adds) a replica with ``slots`` concurrent batches and its cost model."""
-        if slots < 1:
+    def add_replica(self, seat: Seat, *, cost_model: OnlineCostModel | None = None) -> None:
+        """Adds (or re-adds, or takes the new record of) a replica that runs ``seat.slots``
+        concurrent batches, with its cost model."""
+        if seat.slots < 1:
             raise ValueError("a replica needs at least one slot")
+        replica_id = seat.replica_id
         existing = self._replicas.get(replica_id)
         if existing is not None and not existing.removed:
-            existing.slots = slots
+            existing.seat = seat
             if cost_model is not None:
                 existing.model = cost_model
         else:
             model = cost_model
             if model is None:
                 model = existing.model if existing is not None else OnlineCostModel(*self._prior)
-            replica: _Replica[P] = _Replica(replica_id, slots, model)
+            replica: _Replica[P] = _Replica(seat, model)
             if existing is not None:
                 replica.in_flight = existing.in_flight
                 for batch_id in replica.in_flight:

@@ -36,6 +36,7 @@ from gateway.batching.records import (
     P,
     PredictionParts,
     Rejected,
+    Seat,
 )
 from gateway.batching.shed_threshold import ShedThreshold
 
@@ -48,19 +49,26 @@ _BULK = Lane.BULK
 
 
 class _Replica(Generic[P]):
-    __slots__ = ("capacity_credit", "in_flight", "model", "removed", "replica_id", "slots")
+    """A replica the batcher plans onto: its record (by reference) and what is the batcher's
+    own — its batches in flight, its cost model, whether it left planning."""
 
-    def __init__(self, replica_id: str, slots: int, model: OnlineCostModel) -> None:
-        self.replica_id = replica_id
-        self.slots = slots
+    __slots__ = ("capacity_credit", "in_flight", "model", "removed", "replica_id", "seat")
+
+    def __init__(self, seat: Seat, model: OnlineCostModel) -> None:
+        self.seat = seat
+        self.replica_id = seat.replica_id
         self.model = model
         self.in_flight: dict[int, Batch[P]] = {}
         self.removed = False
         # Slots that freed while work was waiting; the next batch they take is "capacity".
         self.capacity_credit = 0
 
+    @property
+    def slots(self) -> int:
+        return self.seat.slots
+
     def free_slots(self) -> int:
-        return 0 if self.removed else self.slots - len(self.in_flight)
+        return 0 if self.removed else self.seat.slots - len(self.in_flight)
 
 
 class _LaneQueue(Generic[P]):

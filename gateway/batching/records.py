@@ -10,9 +10,29 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 P = TypeVar("P")
+
+
+class Seat(Protocol):
+    """What a batcher reads of a replica's record: who it is and how many batches it runs at
+    once. The batcher keeps the record by reference (in the gateway, the membership owner's
+    :class:`~gateway.replicas.ReplicaInfo`) and never a copy of its slots."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def slots(self) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaSlots:
+    """A :class:`Seat` for a batcher driven on its own (the benchmark, tests)."""
+
+    replica_id: str
+    slots: int = 1
 
 
 class Lane(StrEnum):

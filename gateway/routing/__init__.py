@@ -5,7 +5,8 @@ only randomness is an injected :class:`~common.rng.Rng`. The same objects run in
 servicer and in ``bench/fleet.py``.
 
 * :class:`PeakEwmaRouter` — power-of-two-choices over eligible replicas scored by peak-EWMA
-  cost ``(inflight + 1) x latency / weight``; membership changes at runtime.
+  cost ``(inflight + 1) x latency / weight``; membership changes at runtime (it reads each
+  member's record, a :class:`RouterMember`, by reference).
 * :class:`CircuitBreaker` — per replica, judged on outcomes, exponential re-open backoff,
   half-open probes taken only by the replica actually chosen.
 * :class:`Outcome` — SUCCESS / FAULT / TIMEOUT / BUSY / CANCELLED and what each may touch.
@@ -69,6 +70,7 @@ from gateway.routing.router import (
     ReplicaSpec,
     ReplicaView,
     RouterConfig,
+    RouterMember,
     peak_ewma_cost,
 )
 
@@ -96,5 +98,6 @@ __all__ = [
     "ReplicaSpec",
     "ReplicaView",
     "RouterConfig",
+    "RouterMember",
     "peak_ewma_cost",
 ]

@@ -27,9 +27,12 @@ How:
 
 The router is not thread-safe: one asyncio event loop owns it (no call awaits inside).
 
-Membership changes at runtime (the controller pushes it): :meth:`upsert` adds or updates,
-:meth:`set_draining` stops new work, :meth:`remove` forgets a replica (its outstanding leases
-then release as no-ops).
+Membership changes at runtime (the controller pushes it): :meth:`upsert` adds a replica or
+hands the router its new record, :meth:`remove` forgets one (its outstanding leases then
+release as no-ops). The router keeps a reference to each member's record (any
+:class:`RouterMember`: a :class:`ReplicaSpec`, or in the gateway the owner's
+:class:`~gateway.replicas.ReplicaInfo`) and reads its slots, prior, weight and draining flag
+from it; what it stores itself is only what routing learns: latency estimate, breaker, leases.
 
 Example (an asyncio gateway; ``router`` shared by the dispatch loop)::
 
@@ -66,6 +69,7 @@ import statistics
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Protocol
 
 from common.ewma import PeakEwma
 from common.rng import Rng
@@ -80,6 +84,7 @@ __all__ = [
     "ReplicaSpec",
     "ReplicaView",
     "RouterConfig",
+    "RouterMember",
     "peak_ewma_cost",
 ]
 
@@ -93,9 +98,30 @@ def peak_ewma_cost(inflight: int, latency_estimate_s: float, weight: float) -> f
     return (inflight + 1) * latency_estimate_s / weight
 
 
+class RouterMember(Protocol):
+    """What the router reads of a member's record (it never writes it)."""
+
+    @property
+    def replica_id(self) -> str: ...
+
+    @property
+    def slots(self) -> int: ...
+
+    @property
+    def prior_latency_s(self) -> float | None: ...
+
+    @property
+    def weight(self) -> float: ...
+
+    @property
+    def draining(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class ReplicaSpec:
-    """What a replica advertises: identity, hard concurrency, expected speed, share weight."""
+    """What a replica advertises: identity, hard concurrency, expected speed, share weight,
+    and whether it drains — a :class:`RouterMember` for a router driven on its own (the
+    benchmark, tests); the gateway hands it the membership owner's records instead."""
 
     replica_id: str
     slots: int = 1
@@ -104,6 +130,8 @@ class ReplicaSpec:
     """Expected batch latency when idle (e.g. ``nominal_latency / speed``); None = fleet median."""
     weight: float = 1.0
     """Relative capacity weight; cost is divided by it."""
+    draining: bool = False
+    """Takes no new work; its inflight work finishes normally."""
 
     def __post_init__(self) -> None:
         if not self.replica_id:
@@ -179,7 +207,6 @@ class ReplicaView:
 class _Replica:
     __slots__ = (
         "breaker",
-        "draining",
         "ewma",
         "inflight",
         "lease_until",
@@ -187,12 +214,11 @@ class _Replica:
         "started",
     )
 
-    def __init__(self, spec: ReplicaSpec, prior: float, config: RouterConfig) -> None:
-        self.spec = spec
+    def __init__(self, spec: RouterMember, prior: float, config: RouterConfig) -> None:
+        self.spec = spec  # the member's record, by reference: read, never copied
         self.ewma = PeakEwma(config.ewma_tau_s, prior)
         self.breaker = CircuitBreaker(config.breaker)
         self.inflight = 0
-        self.draining = False
         self.lease_until: float | None = None
         self.started: dict[int, float] = {}  # lease id -> dispatch time, for drain prediction
 
@@ -201,7 +227,7 @@ class _Replica:
 
     def routable(self, now: float) -> bool:
         """Member in good standing: not draining, lease fresh (capacity and breaker aside)."""
-        return not self.draining and self.lease_fresh(now)
+        return not self.spec.draining and self.lease_fresh(now)
 
     def has_slot(self) -> bool:
         return self.inflight < self.spec.slots
@@ -245,12 +271,13 @@ class PeakEwmaRouter:
 
     # -- membership ---------------------------------------------------------------------------
 
-    def upsert(self, spec: ReplicaSpec, now: float, *, lease_until: float | None = None) -> None:
-        """Add a replica, or update an existing one's slots, prior and weight.
+    def upsert(self, spec: RouterMember, now: float, *, lease_until: float | None = None) -> None:
+        """Add a replica, or take an existing one's new record (slots, prior, weight,
+        draining: a draining replica gets no new work, its inflight work finishes normally).
 
-        Updating keeps the replica's inflight count, latency estimate, breaker and draining
-        flag: a membership refresh is not a fresh start. ``lease_until`` (absolute time) makes
-        the replica ineligible once passed; None means the membership source expires it.
+        Updating keeps the replica's inflight count, latency estimate and breaker: a
+        membership refresh is not a fresh start. ``lease_until`` (absolute time) makes the
+        replica ineligible once passed; None means the membership source expires it.
         """
         existing = self._replicas.get(spec.replica_id)
         if existing is None:
@@ -276,14 +303,6 @@ class PeakEwmaRouter:
         replica.lease_until = lease_until
         return True
 
-    def set_draining(self, replica_id: str, draining: bool = True) -> bool:
-        """Stop (or resume) sending new work to a replica; inflight work finishes normally."""
-        replica = self._replicas.get(replica_id)
-        if replica is None:
-            return False
-        replica.draining = draining
-        return True
-
     def remove(self, replica_id: str) -> bool:
         """Forget a replica. Its outstanding leases still release (as no-ops)."""
         return self._replicas.pop(replica_id, None) is not None
@@ -296,6 +315,11 @@ class PeakEwmaRouter:
 
     def replica_ids(self) -> list[str]:
         return list(self._replicas)
+
+    def member(self, replica_id: str) -> RouterMember | None:
+        """The record the router holds for a member (the one it was last handed)."""
+        replica = self._replicas.get(replica_id)
+        return None if replica is None else replica.spec
 
     # -- priors -------------------------------------------------------------------------------
 
@@ -475,7 +499,7 @@ class PeakEwmaRouter:
                 latency_estimate_s=r.ewma.estimate(now),
                 cost=r.cost(now),
                 breaker=r.breaker.state(now),
-                draining=r.draining,
+                draining=r.spec.draining,
                 lease_fresh=r.lease_fresh(now),
                 eligible=self._eligible(r, now, hedge=False),
             )

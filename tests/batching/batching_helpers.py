@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from common.clock import ManualClock
-from gateway.batching import BatcherConfig, DeadlineBatcher, OnlineCostModel
+from gateway.batching import BatcherConfig, DeadlineBatcher, OnlineCostModel, ReplicaSlots
 
 # A device of 10 ms + 0.1 ms/token, known exactly (no spread), so expected times are exact.
 INTERCEPT = 0.010
@@ -20,5 +20,5 @@ def make_batcher(
     batcher: DeadlineBatcher[str] = DeadlineBatcher(
         clock, config or BatcherConfig(horizon_s=10.0, linger_s=0.005)
     )
-    batcher.add_replica("r1", slots=slots, cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("r1", slots=slots), cost_model=exact_model())
     return batcher

@@ -8,15 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.clock import ManualClock
-from gateway.batching import BatcherConfig, DeadlineBatcher, Lane
+from gateway.batching import BatcherConfig, DeadlineBatcher, Lane, ReplicaSlots
 
 CONFIG = BatcherConfig(horizon_s=10.0, linger_s=0.0)
 
 
 def two_replicas(clock: ManualClock) -> DeadlineBatcher[str]:
     batcher: DeadlineBatcher[str] = DeadlineBatcher(clock, CONFIG)
-    batcher.add_replica("a", slots=1, cost_model=exact_model())
-    batcher.add_replica("b", slots=1, cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("a", slots=1), cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("b", slots=1), cost_model=exact_model())
     return batcher
 
 

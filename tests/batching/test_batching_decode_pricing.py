@@ -20,6 +20,7 @@ from gateway.batching import (
     Objective,
     OnlineCostModel,
     Rejected,
+    ReplicaSlots,
 )
 
 # 10 ms per batch, 0.1 ms per token, 1 ms per decode step, known exactly (no spread).
@@ -31,7 +32,7 @@ def decoding_batcher(clock: ManualClock) -> DeadlineBatcher[str]:
         clock, BatcherConfig(horizon_s=10.0, linger_s=0.005)
     )
     model = OnlineCostModel(A, B, prior_step_s=C, initial_spread=0.0)
-    batcher.add_replica("r1", cost_model=model)
+    batcher.add_replica(ReplicaSlots("r1"), cost_model=model)
     return batcher
 
 
@@ -99,7 +100,9 @@ def test_the_decode_sharing_members_time_is_in_the_refusal_parts(clock: ManualCl
     batcher: DeadlineBatcher[str] = DeadlineBatcher(
         clock, BatcherConfig(horizon_s=10.0, objective=Objective.ON_TIME_TOKENS)
     )
-    batcher.add_replica("r1", cost_model=OnlineCostModel(A, B, prior_step_s=C, initial_spread=0))
+    batcher.add_replica(
+        ReplicaSlots("r1"), cost_model=OnlineCostModel(A, B, prior_step_s=C, initial_spread=0)
+    )
     now = clock.now()
     due = now + 0.181
     assert isinstance(batcher.submit("a", tokens=200, output_tokens=150, deadline=due), Accepted)
@@ -134,7 +137,9 @@ def test_completions_teach_the_step_and_the_batch_reports_its_longest(
     clock: ManualClock,
 ) -> None:
     batcher: DeadlineBatcher[str] = DeadlineBatcher(clock, BatcherConfig(linger_s=0.0))
-    batcher.add_replica("r1", cost_model=OnlineCostModel(A, B))  # a prior with no step
+    batcher.add_replica(
+        ReplicaSlots("r1"), cost_model=OnlineCostModel(A, B)
+    )  # a prior with no step
     for i in range(300):
         out = 16 + (i * 37) % 400
         prompt = 8 + (i * 53) % 300

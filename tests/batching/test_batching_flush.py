@@ -17,6 +17,7 @@ from gateway.batching import (
     Objective,
     OnlineCostModel,
     Rejected,
+    ReplicaSlots,
 )
 
 
@@ -194,8 +195,8 @@ def test_queue_full_and_no_capacity(clock: ManualClock) -> None:
 
 def test_each_replica_learns_its_own_cost(clock: ManualClock) -> None:
     batcher: DeadlineBatcher[str] = DeadlineBatcher(clock, BatcherConfig(horizon_s=10.0))
-    batcher.add_replica("fast", cost_model=exact_model())
-    batcher.add_replica("slow", cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("fast"), cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("slow"), cost_model=exact_model())
     before = batcher.cost_model("fast").predict(1000)
     for i in range(30):
         batcher.submit(f"q{i}", tokens=500 + 40 * i, deadline=clock.now() + 5.0)
@@ -228,7 +229,7 @@ def test_failed_batches_free_the_slot_and_can_requeue(clock: ManualClock) -> Non
 
 def test_removed_replica_gets_no_new_work_but_reports_back(clock: ManualClock) -> None:
     batcher = make_batcher(clock)
-    batcher.add_replica("r2", cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("r2"), cost_model=exact_model())
     batcher.submit("a", tokens=100, deadline=clock.now() + 5.0)
     clock.advance(0.01)
     batch = batcher.take_batch("r2")
@@ -259,8 +260,8 @@ def test_bulk_waits_for_interactive_work_then_ages_in(clock: ManualClock) -> Non
 def test_a_fleet_of_replicas_with_several_slots(clock: ManualClock) -> None:
     """The gateway's shape: several replicas, several slots, one queue; every slot fills."""
     batcher: DeadlineBatcher[str] = DeadlineBatcher(clock, BatcherConfig(linger_s=0.002))
-    batcher.add_replica("a", slots=2, cost_model=exact_model())
-    batcher.add_replica("b", slots=1, cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("a", slots=2), cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("b", slots=1), cost_model=exact_model())
     for i in range(40):
         batcher.submit(f"q{i}", tokens=100, deadline=clock.now() + 0.5 + 0.01 * i)
     clock.advance(0.002)
@@ -296,9 +297,9 @@ def test_a_straggler_that_frees_first_takes_only_what_it_finishes_as_soon_as_the
     batcher: DeadlineBatcher[str] = DeadlineBatcher(
         clock, BatcherConfig(horizon_s=10.0, linger_s=0.0)
     )
-    batcher.add_replica("fast", slots=1, cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("fast", slots=1), cost_model=exact_model())
     slow = OnlineCostModel(2 * INTERCEPT, 2 * SLOPE, initial_spread=0.0)
-    batcher.add_replica("slow", slots=1, cost_model=slow)
+    batcher.add_replica(ReplicaSlots("slow", slots=1), cost_model=slow)
     batcher.submit("busy", tokens=100, deadline=clock.now() + 5.0)
     occupied = batcher.take_batch("fast")
     assert occupied is not None

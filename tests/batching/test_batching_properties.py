@@ -23,6 +23,7 @@ from gateway.batching import (
     Objective,
     OnlineCostModel,
     Rejected,
+    ReplicaSlots,
 )
 
 submit_op = st.tuples(
@@ -53,8 +54,8 @@ def test_every_request_ends_exactly_once_and_order_holds(
     clock = ManualClock(10.0)
     config = BatcherConfig(objective=objective, horizon_s=horizon, max_queue=40)
     batcher: DeadlineBatcher[int] = DeadlineBatcher(clock, config)
-    batcher.add_replica("a", slots=slots, cost_model=exact_model())
-    batcher.add_replica("b", cost_model=OnlineCostModel(0.02, 0.0002))
+    batcher.add_replica(ReplicaSlots("a", slots=slots), cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("b"), cost_model=OnlineCostModel(0.02, 0.0002))
     outcomes: Counter[int] = Counter()
     submitted = 0
     in_flight = []
@@ -138,7 +139,7 @@ def test_bulk_work_ages_into_the_fast_lane(gaps: list[float], aging: float) -> N
     batcher: DeadlineBatcher[int] = DeadlineBatcher(
         clock, BatcherConfig(bulk_aging_s=aging, horizon_s=0.03)
     )
-    batcher.add_replica("a", cost_model=exact_model())
+    batcher.add_replica(ReplicaSlots("a"), cost_model=exact_model())
     # Keep the replica busy so nothing is dispatched while bulk work waits.
     batcher.submit(0, tokens=4000, deadline=clock.now() + 0.4105)
     assert batcher.take_batch("a") is not None

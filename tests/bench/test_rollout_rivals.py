@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.rollout_judges import JudgeSetting, make_judge
+from bench.rollout_judge_registry import make_judge
+from bench.rollout_judges import JudgeSetting
 from bench.rollout_rivals import (
     ArgoJudge,
     ArgoSettings,

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from bench import cli
-from bench.rollout_judges import JUDGES, FixedIntervalJudge, OriginalJudge, make_judge
+from bench.rollout_judge_registry import JUDGES, make_judge
+from bench.rollout_judges import FixedIntervalJudge, OriginalJudge
 from bench.rollout_sim import SimConfig, describe, format_table, run_rollouts, simulate
 from bench.rollout_traffic import CASES, Traffic, TrafficModel, error_case
 from controller.canary import (

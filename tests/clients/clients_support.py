@@ -1,8 +1,7 @@
 """Helpers for the client tests: where the clients are, and the e2e launcher.
 
-Real processes are started with the end-to-end launcher (``tests/e2e/conftest.py``), loaded
-here as a library (as ``tests/deploy/deploy_support.py`` does, under the same module name, so
-the two share one copy) so every suite starts, watches and stops processes the same way.
+Real processes are started with the end-to-end launcher (:mod:`tests.support.e2e`), so every
+suite starts, watches and stops processes the same way.
 """
 
 from __future__ import annotations
@@ -11,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tests.support.launcher import e2e
+from tests.support import e2e
 
 __all__ = ["CLIENTS", "REPO", "SERVICE_CONFIG", "e2e", "retry_policy"]
 

@@ -1,8 +1,7 @@
 """Fixtures for the client tests: a real stack, and the Node client installed once.
 
 * ``stack`` (module scope): a controller, one zero-device-time worker and a gateway, started
-  with the end-to-end launcher (``tests/e2e/conftest.py``, loaded as a library the way
-  ``tests/deploy`` loads it) on 127.0.0.1:0.
+  with the end-to-end launcher (:mod:`tests.support.e2e`) on 127.0.0.1:0.
 * ``launcher`` (function scope): a Launcher of its own, for a test that needs a different stack.
 * ``node_client`` (session scope): ``npm ci`` of ``clients/node`` from its lockfile, once, and
   the command that runs ``infer.js``. ``node`` and ``npm`` are asked for with

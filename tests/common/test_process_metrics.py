@@ -25,7 +25,7 @@ from gateway.admission import TenantRegistry
 from gateway.app import GatewayApp, GatewayConfig
 from gateway.controller_link import MAX_BUFFERED_OUTCOMES
 from halcyon.v1 import control_pb2
-from tests.support.launcher import e2e
+from tests.support import e2e
 
 REPO = Path(__file__).resolve().parents[2]
 DROPPED = "halcyon_gateway_dropped_outcome_reports"

@@ -28,7 +28,7 @@ from opentelemetry.proto.trace.v1 import trace_pb2
 
 from common.build_info import halcyon_version
 from common.tracing import plan_tracing, tracing_resource
-from tests.support.launcher import e2e
+from tests.support import e2e
 
 REPO = Path(__file__).resolve().parents[2]
 COMPONENTS = ("controller", "gateway", "worker")

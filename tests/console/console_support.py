@@ -1,11 +1,10 @@
 """Helpers for the console tests: the e2e launcher, a headless Chromium, and HTTP calls.
 
-Real processes are started with the end-to-end launcher (``tests/e2e/conftest.py``), loaded
-as a library as ``tests/deploy`` does, so every suite starts, watches and stops processes the
-same way. The browser is Debian's ``chromium`` driven through its WebDriver
-(``chromedriver``, package ``chromium-driver``) by Selenium; both are asked for with
-:func:`tests.support.tools.require_tool` by the test module, so a machine without them
-skips with one line and CI (which installs them) fails instead.
+Real processes are started with the end-to-end launcher (:mod:`tests.support.e2e`), so every
+suite starts, watches and stops processes the same way. The browser is Debian's ``chromium``
+driven through its WebDriver (``chromedriver``, package ``chromium-driver``) by Selenium; both
+are asked for with :func:`tests.support.tools.require_tool` by the test module, so a machine
+without them skips with one line and CI (which installs them) fails instead.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.support.launcher import e2e
+from tests.support import e2e
 
 __all__ = ["REPO", "Answer", "browser", "e2e", "http", "start_fleet"]
 

@@ -143,10 +143,3 @@ async def stream_end(call: Any) -> grpc.StatusCode:
         return err.code()
     code: grpc.StatusCode = await call.code()
     return code
-
-
-async def wait_until(predicate: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + TIMEOUT
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.01)

@@ -25,7 +25,7 @@ from controller.outcomes import DROP_REASONS, OutcomeAggregator
 from controller.registry import InvalidDescriptor, validate_descriptor
 from controller.rollout_requests import validate_policy
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
-from tests.support.launcher import e2e
+from tests.support import e2e
 
 INT64_MAX = 2**63 - 1
 MEGABYTE = "r" * (1 << 20)

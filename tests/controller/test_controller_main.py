@@ -9,8 +9,8 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -18,7 +18,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.auth import bearer_metadata
 from controller.main import build_config, configure
+from halcyon.tools.launcher import read_ready
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
+from tests.support.waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +64,7 @@ def test_bad_flags_are_explained(tmp_path: Path, capsys: pytest.CaptureFixture[s
 
 def test_help_explains_the_controller() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "halcyon.cli", "controller", "--help"],
+        [sys.executable, "-m", "halcyon.tools.cli", "controller", "--help"],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -74,22 +76,18 @@ def test_help_explains_the_controller() -> None:
         assert needle in out
 
 
-def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 20.0) -> dict[str, str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if path.exists():
-            data: dict[str, str] = json.loads(path.read_text())
-            return data
+def wait_for_file(path: Path, proc: subprocess.Popen[str], timeout: float = 20.0) -> dict[str, Any]:
+    def running() -> None:
         assert proc.poll() is None, f"controller exited early: {proc.communicate()}"
-        time.sleep(0.02)
-    raise AssertionError("no ready file")
+
+    return wait_until(lambda: read_ready(path), timeout, f"the ready file {path}", check=running)
 
 
 def test_process_serves_persists_and_stops_cleanly_on_sigterm(tmp_path: Path) -> None:
     ready, db = tmp_path / "ready.json", tmp_path / "c.sqlite"
     env = {**os.environ, "HALCYON_FLEET_TOKEN": "f-token", "HALCYON_OPERATOR_TOKEN": "o-token"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "halcyon.cli", "controller", "--listen", "127.0.0.1:0",
+        [sys.executable, "-m", "halcyon.tools.cli", "controller", "--listen", "127.0.0.1:0",
          "--metrics-listen", "127.0.0.1:0", "--ready-file", str(ready), "--db", str(db),
          "--stable", "resnet=v1", "--shutdown-grace", "2", "--drain-delay", "0"],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -20,7 +20,6 @@ from controller_helpers import (
     rpc_error,
     snapshot_where,
     stream_end,
-    wait_until,
 )
 
 from common.auth import bearer_metadata
@@ -29,6 +28,7 @@ from common.errors import Reason
 from controller.store import DecisionAction, DecisionRecord, FleetEventKind, RolloutRecord
 from controller.store import RolloutStatus as StoreRolloutStatus
 from halcyon.v1 import control_pb2, fleet_pb2
+from tests.support.waiting import wait_until_async
 
 # -- membership -------------------------------------------------------------------------------
 
@@ -71,7 +71,7 @@ async def test_cancelled_session_leaves_the_fleet(start_stack: StackFactory) -> 
     call, _ = await register(stack, "r1")
     assert len(stack.controller.registry) == 1
     call.cancel()  # the worker process dies / the connection drops
-    await wait_until(lambda: len(stack.controller.registry) == 0)
+    await wait_until_async(lambda: len(stack.controller.registry) == 0)
 
 
 async def test_silent_worker_expires_but_heartbeating_one_stays(
@@ -136,7 +136,7 @@ async def test_a_second_registration_under_a_live_id_is_refused(
     # Once the first session is gone, the id is free again.
     await live.done_writing()
     assert await stream_end(live) == grpc.StatusCode.OK
-    await wait_until(lambda: len(stack.controller.registry) == 0)
+    await wait_until_async(lambda: len(stack.controller.registry) == 0)
     again, _ = await register(stack, "r1", address="10.0.0.2:2")
     members = stack.controller.registry.members()
     assert [(m.replica_id, m.descriptor.address) for m in members] == [("r1", "10.0.0.2:2")]
@@ -163,7 +163,7 @@ async def test_session_protocol_errors_are_invalid_argument(start_stack: StackFa
     await call.write(control_pb2.WorkerSessionRequest(register=descriptor("r1")))
     err = await rpc_error(call.read())
     assert [v.field for v in err.field_violations] == ["kind"]
-    await wait_until(lambda: len(stack.controller.registry) == 0)
+    await wait_until_async(lambda: len(stack.controller.registry) == 0)
 
 
 # -- auth -------------------------------------------------------------------------------------
@@ -494,7 +494,7 @@ async def test_a_stalled_watcher_does_not_hold_up_others(start_stack: StackFacto
         control_pb2.WatchFleetRequest(gateway_id="reader"), metadata=FLEET
     )
     await snapshot_where(reader, lambda s: True)
-    await wait_until(lambda: stack.metric("halcyon_controller_fleet_watchers") == 2)
+    await wait_until_async(lambda: stack.metric("halcyon_controller_fleet_watchers") == 2)
     # Big snapshots, many changes: far more than a stream's flow-control window if queued.
     calls = []
     for i in range(40):
@@ -535,7 +535,7 @@ async def test_shutdown_ends_open_outcome_report_streams(start_stack: StackFacto
     stack = await start_stack()
     reports = stack.stub.ReportOutcomes(metadata=FLEET)
     await reports.write(control_pb2.ReportOutcomesRequest(gateway_id="gw-1"))
-    await wait_until(lambda: stack.controller.outcomes.gateways() != [])
+    await wait_until_async(lambda: stack.controller.outcomes.gateways() != [])
     await stack.controller.shutdown()
     # The controller ends the gateway's client stream itself instead of waiting for the
     # gateway to close it (which would hold the server's stop for its whole grace period).

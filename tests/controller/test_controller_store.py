@@ -1,11 +1,16 @@
-"""ControllerStore on a real SQLite file: schema, migrations, reopen, every table's methods."""
+"""ControllerStore on a real SQLite file and a real PostgreSQL server: schema, migrations,
+reopen, every table's methods. The tests of behaviour take ``location`` and run on both
+backends; the ones that look inside the file (WAL, ``sqlite_master``) are SQLite's.
+:mod:`tests.controller.test_store_postgres` has PostgreSQL's own."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from controller.event_writer import FleetEventWriter
@@ -22,8 +27,26 @@ from controller.store import (
     RolloutStatus,
     StoreError,
 )
+from tests.support.postgres import PostgresCluster, postgres_cluster
+from tests.support.tools import require_tool
 
 TABLES = {"schema_version", "rollouts", "rollout_decisions", "stable_versions", "fleet_events"}
+
+
+@pytest.fixture(scope="module")
+def pg_cluster() -> Iterator[PostgresCluster]:
+    """One PostgreSQL server for the module (starting one costs a second or two)."""
+    with postgres_cluster(require_tool("initdb"), require_tool("pg_ctl")) as cluster:
+        yield cluster
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def location(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A store location no test used before: a new SQLite file or a new database."""
+    if request.param == "sqlite":
+        return str(tmp_path / "c.sqlite")
+    cluster: PostgresCluster = request.getfixturevalue("pg_cluster")
+    return cluster.create_database()
 
 
 def rollout(model: str = "resnet", **kw: object) -> RolloutRecord:
@@ -53,8 +76,14 @@ def test_fresh_file_gets_the_whole_schema_in_wal_mode(tmp_path: Path) -> None:
     db.close()
 
 
-def test_reopen_keeps_data_and_migrating_again_changes_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite"
+def test_every_backend_gets_the_whole_schema(location: str) -> None:
+    with ControllerStore(location) as store:
+        assert store.schema_version == SCHEMA_VERSION
+        assert store.tables() == TABLES
+
+
+def test_reopen_keeps_data_and_migrating_again_changes_nothing(location: str) -> None:
+    path = location
     with ControllerStore(path) as store:
         stored = store.insert_rollout(rollout())
         store.record_fleet_events(
@@ -103,8 +132,8 @@ def test_not_a_database_is_a_store_error(tmp_path: Path) -> None:
         ControllerStore(path)
 
 
-def test_rollouts_insert_update_list(tmp_path: Path) -> None:
-    with ControllerStore(tmp_path / "c.sqlite") as store:
+def test_rollouts_insert_update_list(location: str) -> None:
+    with ControllerStore(location) as store:
         a = store.insert_rollout(rollout("resnet"))
         b = store.insert_rollout(rollout("bert", state=RolloutStatus.ABORTED))
         assert 0 < a.id < b.id
@@ -122,8 +151,8 @@ def test_rollouts_insert_update_list(tmp_path: Path) -> None:
             store.update_rollout(rollout(id=999))
 
 
-def test_decisions_keep_their_evidence_newest_window_oldest_first(tmp_path: Path) -> None:
-    with ControllerStore(tmp_path / "c.sqlite") as store:
+def test_decisions_keep_their_evidence_newest_window_oldest_first(location: str) -> None:
+    with ControllerStore(location) as store:
         r = store.insert_rollout(rollout())
         base = ArmSnapshot(
             "v1", requests=500, errors=2, shed=1, error_rate=0.006, p50_s=0.02, p95_s=0.05
@@ -157,7 +186,8 @@ def test_decisions_keep_their_evidence_newest_window_oldest_first(tmp_path: Path
         assert store.list_decisions(rollout_id=r.id, limit=1) == saved[2:]
         assert store.list_decisions(limit=0) == []
         assert saved[1].baseline == base and saved[1].canary == can
-        with pytest.raises(sqlite3.IntegrityError):  # decisions belong to a real rollout
+        # Decisions belong to a real rollout; the driver's own error says so.
+        with pytest.raises((sqlite3.IntegrityError, psycopg.IntegrityError)):
             store.insert_decision(
                 DecisionRecord(
                     rollout_id=424242,
@@ -171,8 +201,8 @@ def test_decisions_keep_their_evidence_newest_window_oldest_first(tmp_path: Path
             )
 
 
-def test_stable_versions_roundtrip(tmp_path: Path) -> None:
-    path = tmp_path / "c.sqlite"
+def test_stable_versions_roundtrip(location: str) -> None:
+    path = location
     with ControllerStore(path) as store:
         store.put_stable(StableRecord("a", "v1", StableSource.CONFIG, "v1", 1.0))
         store.put_stable(StableRecord("a", "v2", StableSource.PROMOTION, "v1", 2.0))
@@ -184,8 +214,8 @@ def test_stable_versions_roundtrip(tmp_path: Path) -> None:
         }
 
 
-def test_fleet_events_list_and_prune(tmp_path: Path) -> None:
-    with ControllerStore(tmp_path / "c.sqlite") as store:
+def test_fleet_events_list_and_prune(location: str) -> None:
+    with ControllerStore(location) as store:
         kinds = list(FleetEventKind)
         n = store.record_fleet_events(
             FleetEvent(at=float(i), kind=kinds[i % 4], replica_id=f"r{i % 2}", model="m")
@@ -201,8 +231,8 @@ def test_fleet_events_list_and_prune(tmp_path: Path) -> None:
         assert store.prune_fleet_events(keep=0) == 4
 
 
-async def test_event_writer_writes_off_loop_and_flushes_on_close(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.sqlite")
+async def test_event_writer_writes_off_loop_and_flushes_on_close(location: str) -> None:
+    store = ControllerStore(location)
     writer = FleetEventWriter(store, keep=5)
     writer.start()
     for i in range(12):
@@ -217,8 +247,8 @@ async def test_event_writer_writes_off_loop_and_flushes_on_close(tmp_path: Path)
     store.close()
 
 
-async def test_event_writer_bounds_its_buffer(tmp_path: Path) -> None:
-    store = ControllerStore(tmp_path / "c.sqlite")
+async def test_event_writer_bounds_its_buffer(location: str) -> None:
+    store = ControllerStore(location)
     writer = FleetEventWriter(store, max_pending=3)  # not started: nothing drains meanwhile
     for i in range(5):
         writer.record(FleetEvent(at=float(i), kind=FleetEventKind.EXPIRED, replica_id=f"r{i}"))

@@ -5,8 +5,8 @@ The tools (``kubectl``, ``promtool``, ``prometheus``) are real binaries, asked f
 under CI a missing one fails the test loudly; on a developer's machine it skips with one line
 naming the Debian package.
 
-Real processes are started with the end-to-end launcher (``tests/e2e/conftest.py``), loaded
-here as a library so both suites start, watch and stop processes the same way.
+Real processes are started with the end-to-end launcher (:mod:`tests.support.e2e`), so every
+suite starts, watches and stops processes the same way.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from tests.support.launcher import e2e
+from tests.support import e2e
 from tests.support.tools import require_tool
 
 __all__ = ["DEPLOY", "REPO", "e2e", "free_port", "require_tool"]

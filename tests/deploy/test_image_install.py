@@ -285,7 +285,7 @@ def install_as_the_image_does(tmp_path: Path, extras: str | None = None) -> Inst
     return Installed(venv, took)
 
 
-# The e2e launcher's classes (deploy_support loads tests/e2e/conftest.py as a module).
+# The e2e launcher's classes (tests.support.e2e, through deploy_support).
 _Proc: Any = e2e.Proc
 _Launcher: Any = e2e.Launcher
 

@@ -25,6 +25,7 @@ import yaml
 from deploy_support import DEPLOY, e2e, free_port, require_tool  # type: ignore[import-not-found]
 
 from halcyon.v1 import control_pb2
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -88,17 +89,17 @@ class Prometheus:
         return self.log.read_text(errors="replace")[-3000:]
 
     def wait_ready(self, timeout_s: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
+        def running() -> None:
             assert self.proc.poll() is None, f"prometheus exited:\n{self.describe()}"
-            try:
-                with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
-                    if resp.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"prometheus not ready:\n{self.describe()}"
-            time.sleep(0.2)
+
+        def ready() -> bool:
+            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=2) as resp:
+                return bool(resp.status == 200)
+
+        wait_until(
+            ready, timeout_s, "prometheus to be ready", interval_s=0.2, transient=(OSError,),
+            check=running, details=self.describe,
+        )  # fmt: skip
 
     def query(self, expr: str) -> list[Any]:
         q = urllib.parse.urlencode({"query": expr})

@@ -28,20 +28,23 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from bench.command_frame import subcommand_parser
 from common.errors import Reason
 from gateway.metrics import FLUSH_REASONS, HEDGE_RESULTS, REQUEST_OUTCOMES, SHED_REASONS
-from halcyon.cli import SUBCOMMANDS, subcommand_parser
+from halcyon.tools.cli import SUBCOMMANDS
+from halcyon.tools.launcher import read_ready
 from halcyon.v1 import infer_pb2
 from tests.support.tools import PACKAGES, require_tool
+from tests.support.waiting import wait_until
 from worker.metrics import BatchOutcome
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -259,34 +262,25 @@ class LiveStack:
         return text
 
 
-def _ready(state: Path, name: str, timeout_s: float) -> dict[str, str]:
+def _ready(state: Path, name: str, timeout_s: float) -> dict[str, Any]:
     path = state / f"{name}.ready.json"
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if path.exists():
-            try:
-                info: dict[str, str] = json.loads(path.read_text())
-                return info
-            except json.JSONDecodeError:
-                pass
-        time.sleep(0.05)
-    raise AssertionError(f"{name} of the stack not ready within {timeout_s} s")
+    return wait_until(
+        lambda: read_ready(path), timeout_s, f"{name} of the stack to be ready", interval_s=0.05
+    )
 
 
 def _wait_serving(address: str, timeout_s: float) -> None:
     with grpc.insecure_channel(address) as channel:
         health = health_pb2_grpc.HealthStub(channel)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                reply = health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
-                if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                    return
-            except grpc.RpcError:
-                pass
-            if time.monotonic() > deadline:
-                raise AssertionError(f"gateway {address} not SERVING within {timeout_s} s")
-            time.sleep(0.1)
+
+        def serving() -> bool:
+            reply = health.Check(health_pb2.HealthCheckRequest(service="readiness"), timeout=2)
+            return bool(reply.status == health_pb2.HealthCheckResponse.SERVING)
+
+        wait_until(
+            serving, timeout_s, f"gateway {address} to be SERVING", interval_s=0.1,
+            transient=(grpc.RpcError,),
+        )  # fmt: skip
 
 
 def _user_env() -> dict[str, str]:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from halcyon.rollout_verify import Load
+from halcyon.tools.rollout_verify import Load
 from halcyon.v1 import control_pb2
 
 # What `halcyon stack --canary` runs: a fast v1, a 0.6x straggler v1 and a 1.6x v2.
@@ -149,33 +149,6 @@ def test_verify_ships_four_candidates_and_cleans_up(launch: Any, e2e: SimpleName
     assert states[control_pb2.ROLLOUT_STATE_PROMOTED] == 4
 
 
-def _restart_controller(launch: Any, old: Any) -> Any:
-    """A new controller process on the old one's address and store (what a supervisor does)."""
-    proc = type(old)("controller-2", [], launch.workdir)
-    launch.procs.append(proc)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "HALCYON_"))}
-    env.update(
-        HALCYON_FLEET_TOKEN="e2e-fleet-token",
-        HALCYON_OPERATOR_TOKEN="e2e-operator-token",
-        PYTHONUNBUFFERED="1",
-    )
-    argv = [
-        sys.executable, "-m", "halcyon", "controller",
-        "--db", str(launch.workdir / "controller.sqlite"),
-        "--stable", "llama-3-8b=v1",
-        "--lease-ttl", "3", "--heartbeat-interval", "1", "--shutdown-grace", "2",
-        "--listen", old.grpc, "--metrics-listen", "127.0.0.1:0",
-        "--ready-file", str(proc.ready_file),
-    ]  # fmt: skip
-    with open(proc.log_file, "wb") as log:
-        proc.popen = subprocess.Popen(
-            argv, cwd=launch.workdir, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT,
-        )  # fmt: skip
-    proc.wait_ready()
-    return proc
-
-
 def test_a_rollout_survives_kill_9_of_its_controller(launch: Any, e2e: SimpleNamespace) -> None:
     fleet = launch.fleet({"replica-a": STACK["replica-a"], "replica-c": STACK["replica-c"]})
     load = load_at(fleet, e2e)
@@ -212,8 +185,7 @@ def test_a_rollout_survives_kill_9_of_its_controller(launch: Any, e2e: SimpleNam
         # The gateway keeps the last weights it was given: about half the sessions on v2.
         assert 0.35 < v2_share(load, 1.5) < 0.65
 
-        restarted = _restart_controller(launch, fleet.controller)
-        fleet.controller = restarted
+        restarted = launch.restart(fleet.controller)  # its address and store, as a supervisor does
         state = fleet.get_state()
         [resumed] = [r for r in state.rollouts if r.id == int(rollout["id"])]
         assert (resumed.state, resumed.step_index, resumed.canary_weight_bp) == (

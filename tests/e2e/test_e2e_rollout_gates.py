@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from halcyon.rollout_verify import Load
+from halcyon.tools.rollout_verify import Load
 from halcyon.v1 import control_pb2
 
 pytestmark = pytest.mark.e2e

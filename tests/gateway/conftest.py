@@ -8,7 +8,6 @@ Helpers are handed out as fixtures (``start_gateway``, ``start_worker``, ``wait_
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterator, Mapping
@@ -19,9 +18,6 @@ import grpc
 import grpc.aio
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
-from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from common.backoff import Backoff
@@ -30,6 +26,8 @@ from common.serving import ServingOptions
 from gateway.admission import TenantRegistry
 from gateway.app import GatewayApp, GatewayConfig
 from halcyon.v1 import control_pb2, fleet_pb2, infer_pb2, infer_pb2_grpc
+from tests.support.spans import global_span_exporter
+from tests.support.waiting import wait_until_async
 from worker.app import WorkerApp, WorkerConfig
 
 FLEET = "gateway-test-fleet-token"
@@ -39,16 +37,6 @@ STANDARD_KEY = "demo-key-standard"
 
 # (stable, canary, canary weight in basis points) per model
 Routing = Mapping[str, tuple[str, str, int]]
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met within timeout")
-        await asyncio.sleep(0.005)
 
 
 def worker_config(**overrides: Any) -> WorkerConfig:
@@ -246,26 +234,15 @@ async def start_gateway() -> AsyncIterator[GatewayFactory]:
 
 
 @pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[..., Awaitable[None]]:
-    return wait_until
+def wait_until_fixture() -> Callable[..., Awaitable[object]]:
+    return wait_until_async
 
 
 @pytest.fixture(scope="session")
 def _session_span_exporter() -> InMemorySpanExporter:
-    """One in-memory exporter on the process's global tracer provider.
-
-    The gateway takes its tracers from the global provider, which OpenTelemetry lets a process
-    set only once: reuse an SDK provider if one is installed, otherwise install one.
-    """
-    provider = trace.get_tracer_provider()
-    if not isinstance(provider, TracerProvider):
-        provider = TracerProvider()
-        trace.set_tracer_provider(provider)
-    provider = trace.get_tracer_provider()
-    assert isinstance(provider, TracerProvider), "another non-SDK provider is installed"
-    exporter = InMemorySpanExporter()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return exporter
+    """The process's one in-memory span exporter (``tests.support.spans``): the gateway takes
+    its tracers from the global provider."""
+    return global_span_exporter()
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from gateway.batching import (
     Lane,
     OnlineCostModel,
     Rejected,
+    ReplicaSlots,
 )
 from gateway.batching.fixed import (
     SEED_FIXED_LINGER_S,
@@ -42,7 +43,7 @@ FAR = 100.0  # a deadline nothing in these tests gets near
 
 def _fixed(clock: ManualClock, slots: int = 1) -> FixedBatcher[int]:
     batcher: FixedBatcher[int] = FixedBatcher(clock)
-    batcher.add_replica("r", slots=slots)
+    batcher.add_replica(ReplicaSlots("r", slots=slots))
     return batcher
 
 
@@ -142,7 +143,8 @@ def test_fixed_queue_holds_512_and_refuses_the_next_as_queue_full() -> None:
 def test_fixed_never_sheds_for_feasibility_and_evicts_only_once_the_deadline_passed() -> None:
     clock = ManualClock()
     b = _fixed(clock)
-    b.add_replica("r", slots=1, cost_model=OnlineCostModel(1.0, 0.01))  # a very slow device
+    # A very slow device.
+    b.add_replica(ReplicaSlots("r", slots=1), cost_model=OnlineCostModel(1.0, 0.01))
     for i in range(32):
         _submit(b, i)
     running = b.take_batch("r")
@@ -170,7 +172,7 @@ def test_refusals_that_are_facts_not_predictions() -> None:
     b: FixedBatcher[int] = FixedBatcher(clock)
     none = b.submit(0, tokens=10, deadline=FAR)
     assert isinstance(none, Rejected) and none.reason is DropReason.NO_CAPACITY
-    b.add_replica("r")
+    b.add_replica(ReplicaSlots("r"))
     late = b.submit(1, tokens=10, deadline=5.0)
     assert isinstance(late, Rejected) and late.reason is DropReason.DEADLINE_UNREACHABLE
     b.close()
@@ -181,8 +183,8 @@ def test_refusals_that_are_facts_not_predictions() -> None:
 def test_completions_teach_each_replica_its_own_cost_model() -> None:
     clock = ManualClock()
     b: FixedBatcher[int] = FixedBatcher(clock)
-    b.add_replica("fast")
-    b.add_replica("slow")
+    b.add_replica(ReplicaSlots("fast"))
+    b.add_replica(ReplicaSlots("slow"))
     assert b.cost_model("fast") is not b.cost_model("slow")
     for i in range(64):
         _submit(b, i)
@@ -206,7 +208,7 @@ def test_completions_teach_each_replica_its_own_cost_model() -> None:
     # A replica re-added (breaker closed again) keeps what it learned.
     learned = b.cost_model("slow")
     b.remove_replica("slow")
-    b.add_replica("slow", cost_model=learned)
+    b.add_replica(ReplicaSlots("slow"), cost_model=learned)
     assert b.cost_model("slow") is learned
 
 
@@ -236,8 +238,8 @@ def test_failed_batches_free_the_slot_and_hand_back_or_requeue_their_requests() 
 def test_a_retry_is_held_out_of_the_replica_it_failed_on() -> None:
     clock = ManualClock()
     b: FixedBatcher[int] = FixedBatcher(clock)
-    b.add_replica("a")
-    b.add_replica("b")
+    b.add_replica(ReplicaSlots("a"))
+    b.add_replica(ReplicaSlots("b"))
     b.submit(0, tokens=10, deadline=FAR, avoid=frozenset({"a"}))
     clock.advance(SEED_FIXED_LINGER_S)
     assert b.take_batch("a") is None
@@ -249,7 +251,7 @@ def test_a_retry_is_held_out_of_the_replica_it_failed_on() -> None:
 def test_none_dispatches_one_request_per_batch_as_soon_as_a_slot_is_free() -> None:
     clock = ManualClock()
     b: UnbatchedBatcher[int] = UnbatchedBatcher(clock)
-    b.add_replica("r", slots=2)
+    b.add_replica(ReplicaSlots("r", slots=2))
     for i in range(3):
         _submit(b, i)
     first, second = b.take_batch("r"), b.take_batch("r")
@@ -272,7 +274,7 @@ def test_make_batcher_builds_the_strategy_it_names() -> None:
     assert isinstance(halcyon, DeadlineBatcher)
     assert isinstance(fixed, FixedBatcher) and not isinstance(fixed, UnbatchedBatcher)
     assert isinstance(none, UnbatchedBatcher)
-    fixed.add_replica("r")
+    fixed.add_replica(ReplicaSlots("r"))
     assert fixed.cost_model("r").intercept == pytest.approx(0.02)
     assert BatchingStrategy.parse(" Fixed ") is BatchingStrategy.FIXED
     with pytest.raises(ValueError, match="halcyon, fixed, none"):
@@ -352,7 +354,7 @@ async def test_the_loadtest_library_reports_slo_classes_against_each_strategy(
     strategy: BatchingStrategy, start_worker: Any, start_gateway: Any
 ) -> None:
     from common.serving import ServingOptions
-    from halcyon.loadtest import LoadOptions, parse_mix, run_loadtest
+    from halcyon.tools.loadtest import LoadOptions, parse_mix, run_loadtest
 
     worker = await start_worker(
         replica_id="w-1",
@@ -363,7 +365,9 @@ async def test_the_loadtest_library_reports_slo_classes_against_each_strategy(
     options = LoadOptions(
         target=gw.app.host.grpc_address,
         api_key="demo-key-premium",
-        rate=40.0,
+        # ~40 % of the one-slot worker's capacity without batching (20 ms a request): light
+        # enough that a starved runner still meets the 500 ms class.
+        rate=20.0,
         seconds=1.0,
         mix=parse_mix("urgent:0.5:500,relaxed:0.5:3000"),
         max_tokens=(16, 32),

@@ -17,6 +17,7 @@ from common.cost_samples import CostSampleValue
 from common.rng import SeededRng
 from gateway.batching import BatcherConfig, DeadlineBatcher
 from gateway.dispatcher import PendingRequest, VersionDispatcher
+from gateway.replicas import ReplicaInfo, Replicas
 from gateway.routing import AttemptConfig, AttemptPolicy, BreakerState, HedgePolicy, PeakEwmaRouter
 from gateway.validation import ValidRequest
 from halcyon.v1 import worker_pb2
@@ -56,12 +57,6 @@ class ScriptedPool:
 
     calls: list[Call] = field(default_factory=list)
 
-    def open(self, replica_id: str, address: str) -> None:
-        pass
-
-    def close(self, replica_id: str, grace_s: float = 0.0) -> None:
-        pass
-
     def stub(self, replica_id: str) -> Any:
         pool = self
 
@@ -84,7 +79,24 @@ class Harness:
     clock: ManualClock
     pool: ScriptedPool
     dispatcher: VersionDispatcher
+    members: Replicas
     requests: dict[str, PendingRequest] = field(default_factory=dict)
+
+    def join(self, rid: str, warmup: tuple[CostSampleValue, ...] = ()) -> None:
+        """The replica joins (or is listed again) through the membership owner."""
+        self.members.insert(
+            ReplicaInfo(
+                rid,
+                f"{rid}:1",
+                model="m",
+                version="v1",
+                hardware="",
+                slots=1,
+                speed=1.0,
+                draining=False,
+                warmup=warmup,
+            )
+        )
 
     def submit(self, name: str, timeout_s: float = 2.0, tokens: int = 10) -> PendingRequest:
         now = self.clock.now()
@@ -123,9 +135,12 @@ async def harness(replicas: tuple[str, ...] = ("a", "b")) -> Harness:
         attempts=ATTEMPTS,
     )
     dispatcher.start()
+    members = Replicas()
+    members.subscribe(dispatcher.changed)
+    h = Harness(clock, pool, dispatcher, members)
     for rid in replicas:
-        dispatcher.upsert_replica(rid, f"{rid}:1", slots=1, speed=1.0)
-    return Harness(clock, pool, dispatcher)
+        h.join(rid)
+    return h
 
 
 async def warm_up(h: Harness, rounds: int = 3) -> None:
@@ -314,7 +329,7 @@ async def test_a_replica_joining_with_its_warm_up_has_a_prediction_for_its_first
     times it out, nor the requests' 90 s deadline), the router's prior is 5 s, and a
     re-upsert of the known replica does not teach its model the warm-up again."""
     h = await harness(())
-    h.dispatcher.upsert_replica("slow", "slow:1", slots=1, speed=1.0, warmup=SLOW_WARMUP)
+    h.join("slow", warmup=SLOW_WARMUP)
     model = h.dispatcher.cost_model("slow")
     assert model is not None and model.observations == 2
     assert model.predict(16) == pytest.approx(5.0, rel=0.02)
@@ -329,7 +344,7 @@ async def test_a_replica_joining_with_its_warm_up_has_a_prediction_for_its_first
     await h.settle()
     assert req.result is not None
     seen = model.observations
-    h.dispatcher.upsert_replica("slow", "slow:1", slots=1, speed=1.0, warmup=SLOW_WARMUP)
+    h.join("slow", warmup=SLOW_WARMUP)
     assert h.dispatcher.cost_model("slow") is model and model.observations == seen
 
 
@@ -342,7 +357,7 @@ async def test_a_timed_out_attempt_proves_a_floor_and_the_next_attempt_waits_lon
         CostSampleValue(items=1, batch_tokens=20, longest_output_tokens=1, seconds=0.2),
     )
     h = await harness(())
-    h.dispatcher.upsert_replica("a", "a:1", slots=1, speed=1.0, warmup=fast)
+    h.join("a", warmup=fast)
     req = h.submit("r", timeout_s=60.0)
     await h.settle()
     [first] = h.pool.pending()

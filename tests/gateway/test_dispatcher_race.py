@@ -8,7 +8,7 @@ from opentelemetry import trace
 
 from common.clock import ManualClock
 from common.rng import SeededRng
-from gateway.batching import BatcherConfig, DeadlineBatcher, FlushReason
+from gateway.batching import BatcherConfig, DeadlineBatcher, FlushReason, ReplicaSlots
 from gateway.dispatcher import PendingRequest, VersionDispatcher, _Flight
 from gateway.routing import HedgePolicy, HedgeRace, Lease, PeakEwmaRouter, ReplicaSpec
 from gateway.validation import ValidRequest
@@ -37,7 +37,7 @@ async def test_a_late_success_after_the_race_is_won_changes_nothing() -> None:
     )
     for rid in ("a", "b"):
         router.upsert(ReplicaSpec(rid, slots=1, prior_latency_s=0.01), clock.now())
-        batcher.add_replica(rid, slots=1)
+        batcher.add_replica(ReplicaSlots(rid, slots=1))
     pending = PendingRequest(
         request_id="r1",
         valid=ValidRequest("m", "hi", 1, 9, "", 0, False, 5.0),

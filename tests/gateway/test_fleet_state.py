@@ -7,6 +7,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from gateway.fleet_state import FleetState
+from gateway.replicas import Change, Insert
 from halcyon.v1 import control_pb2, fleet_pb2
 
 
@@ -83,6 +84,29 @@ def test_a_carried_replica_that_re_registers_elsewhere_is_replaced() -> None:
     diff = fleet.apply(snapshot("a", generation=2, warming_up=True, address="new"), new_stream=True)
     assert [r.address for r in diff.removed] == ["h:1-a"]
     assert [r.address for r in diff.added] == ["new-a"]
+
+
+def test_a_snapshot_s_changes_reach_the_subscribers_departures_first() -> None:
+    fleet = FleetState()
+    heard: list[tuple[str, str, str]] = []
+
+    def hear(change: Change) -> None:
+        kind = "insert" if isinstance(change, Insert) else "remove"
+        heard.append((kind, change.replica.replica_id, change.replica.address))
+
+    fleet.replicas.subscribe(hear)
+    fleet.apply(snapshot("a", "b"), new_stream=True)
+    fleet.apply(snapshot("a", generation=2))  # "b" left
+    fleet.apply(snapshot("a", generation=3))  # nothing changed: nothing heard
+    fleet.apply(snapshot("a", generation=4, address="new"))  # moved: another replica
+    assert heard == [
+        ("insert", "a", "h:1-a"),
+        ("insert", "b", "h:1-b"),
+        ("remove", "b", "h:1-b"),
+        ("remove", "a", "h:1-a"),
+        ("insert", "a", "new-a"),
+    ]
+    assert fleet.replicas["a"].address == "new-a"
 
 
 def test_warming_up_routing_is_merged_per_model() -> None:

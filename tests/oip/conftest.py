@@ -1,7 +1,7 @@
-"""Fixtures for the Open Inference Protocol tests (helpers in ``oip_support``).
+"""Fixtures for the Open Inference Protocol tests (helpers in :mod:`tests.support.oip`).
 
 * ``decoder_model`` (session): the generated ``small`` decoder, in a temporary directory.
-* ``backends``: a :class:`~oip_support.Backends` factory; its backends are killed at teardown.
+* ``backends``: a :class:`~tests.support.oip.Backends` factory; its backends are killed at teardown.
 * ``shared_backend`` (module): one backend with ``--directives`` (``#fail`` / ``#sleep=MS``
   prompts), ``--max-concurrent 2`` and ``--pushback-ms 250``, for tests that only send.
 * ``launch``: the e2e Launcher for halcyon processes, stopped at teardown.
@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from oip_support import Backend, Backends, e2e_lib  # type: ignore[import-not-found]
+
+from tests.support import e2e
+from tests.support.oip import Backend, Backends
 
 
 @pytest.fixture(scope="session")
@@ -51,7 +53,7 @@ def shared_backend(
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[Any]:
     """The e2e Launcher (halcyon processes), stopped at teardown."""
-    launcher = e2e_lib.Launcher(tmp_path)
+    launcher = e2e.Launcher(tmp_path)
     try:
         yield launcher
     finally:
@@ -59,4 +61,4 @@ def launch(tmp_path: Path) -> Iterator[Any]:
 
 
 # Attach what the halcyon processes logged to a failing test's report, as the e2e suite does.
-pytest_runtest_makereport = e2e_lib.pytest_runtest_makereport
+pytest_runtest_makereport = e2e.pytest_runtest_makereport

@@ -16,20 +16,16 @@ from typing import Any
 
 import grpc
 import pytest
-from oip_support import (  # type: ignore[import-not-found]
-    BACKEND_MODEL,
-    Backend,
-    e2e_lib,
-    free_port,
-)
 
 from common.errors import RichError, parse_rpc_error
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
+from tests.support import e2e
+from tests.support.oip import BACKEND_MODEL, Backend, free_port
 from worker.onnx_engine import DecoderEngine
 
 pytestmark = pytest.mark.e2e
 
-MODEL, VERSION = e2e_lib.MODEL, "v1"
+MODEL, VERSION = e2e.MODEL, "v1"
 
 
 def _oip_flags(backend: str, *extra: str) -> tuple[str, ...]:
@@ -60,7 +56,7 @@ def oip_worker(
     shared_backend: Backend, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[tuple[Any, worker_pb2_grpc.WorkerServiceStub]]:
     """One oip worker (4 slots) in front of the shared backend, and a stub to call it."""
-    launcher = e2e_lib.Launcher(tmp_path_factory.mktemp("oip-worker"))
+    launcher = e2e.Launcher(tmp_path_factory.mktemp("oip-worker"))
     try:
         proc = _standalone(
             launcher, "oip-worker", "--slots", "4", *_oip_flags(shared_backend.address)
@@ -92,7 +88,7 @@ def _call(
     try:
         reply: worker_pb2.ExecuteBatchResponse = stub.ExecuteBatch(
             request,
-            metadata=(("authorization", f"Bearer {e2e_lib.FLEET_TOKEN}"),),
+            metadata=(("authorization", f"Bearer {e2e.FLEET_TOKEN}"),),
             timeout=timeout,
         )
     except grpc.RpcError as err:
@@ -163,7 +159,7 @@ def test_a_passed_deadline_cancels_the_backend_call(
     cancelled_before = shared_backend.log_text().count("cancelled: request")
     err = _call(stub, _batch("late", "#sleep=20000 never"), timeout=0.5)
     assert isinstance(err, RichError) and err.code is grpc.StatusCode.DEADLINE_EXCEEDED
-    e2e_lib.wait_for(
+    e2e.wait_for(
         lambda: shared_backend.log_text().count("cancelled: request") > cancelled_before,
         10,
         "the backend to log the cancelled ModelInfer",
@@ -177,7 +173,7 @@ def test_a_passed_deadline_cancels_the_backend_call(
 def test_wrong_tensor_name_exits_at_start_with_one_line(
     shared_backend: Backend, tmp_path: Path
 ) -> None:
-    launcher = e2e_lib.Launcher(tmp_path)
+    launcher = e2e.Launcher(tmp_path)
     try:
         proc = _standalone(
             launcher,
@@ -197,7 +193,7 @@ def test_wrong_tensor_name_exits_at_start_with_one_line(
 
 
 def test_unreachable_backend_fails_start_after_the_bounded_wait(tmp_path: Path) -> None:
-    launcher = e2e_lib.Launcher(tmp_path)
+    launcher = e2e.Launcher(tmp_path)
     nobody = f"127.0.0.1:{free_port()}"
     try:
         started = time.monotonic()

@@ -22,9 +22,10 @@ from typing import Any
 import grpc
 import pytest
 from grpc_health.v1 import health_pb2
-from oip_support import BACKEND_MODEL, Backends, e2e_lib  # type: ignore[import-not-found]
 
 from common.errors import DOMAIN, parse_rpc_error
+from tests.support import e2e
+from tests.support.oip import BACKEND_MODEL, Backends
 
 pytestmark = pytest.mark.e2e
 
@@ -98,10 +99,8 @@ def test_killing_the_kserve_backend_loses_nothing_and_the_replica_rejoins(
         killed_at.append(time.monotonic() - start)
 
     # While the load goes on: the oip replica turns NOT_SERVING and leaves the fleet.
-    e2e_lib.wait_for(
-        lambda: fleet.health(oip) == NOT_SERVING, 10, "replica-oip readiness NOT_SERVING"
-    )
-    e2e_lib.wait_for(
+    e2e.wait_for(lambda: fleet.health(oip) == NOT_SERVING, 10, "replica-oip readiness NOT_SERVING")
+    e2e.wait_for(
         lambda: fleet.replica_ids() == {"replica-sim"},
         10,
         "replica-oip to leave the controller's fleet",
@@ -123,16 +122,14 @@ def test_killing_the_kserve_backend_loses_nothing_and_the_replica_rejoins(
 
     # The backend comes back: so does the replica, and it serves again.
     backend.start().wait_ready()
-    e2e_lib.wait_for(lambda: fleet.health(oip) == SERVING, 15, "replica-oip SERVING again")
-    e2e_lib.wait_for(
+    e2e.wait_for(lambda: fleet.health(oip) == SERVING, 15, "replica-oip SERVING again")
+    e2e.wait_for(
         lambda: fleet.replica_ids() == {"replica-oip", "replica-sim"},
         15,
         "replica-oip to rejoin the controller's fleet",
         watch=fleet.live(),
     )
-    e2e_lib.wait_for(
-        lambda: fleet.gateway_replicas() == 2, 15, "the gateway to see replica-oip again"
-    )
+    e2e.wait_for(lambda: fleet.gateway_replicas() == 2, 15, "the gateway to see replica-oip again")
 
     def served_by_oip() -> bool:
         # Concurrent, not serial: one request at a time always finds the idle simulated replica
@@ -142,5 +139,5 @@ def test_killing_the_kserve_backend_loses_nothing_and_the_replica_rejoins(
             replicas = list(pool.map(lambda n: _outcome(fleet, n)[1], range(16)))
         return "replica-oip" in replicas
 
-    e2e_lib.wait_for(served_by_oip, 15, "a request served by replica-oip again")
+    e2e.wait_for(served_by_oip, 15, "a request served by replica-oip again")
     assert oip.alive and oip.log_file.read_text().count("model runtime ready again") == 1

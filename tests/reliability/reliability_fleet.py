@@ -1,10 +1,9 @@
 """Processes for the reliability scenarios: the e2e launcher, plus what faults need on top.
 
 The launcher (``Launcher``, ``Fleet``, ``Proc``: real ``halcyon`` processes on 127.0.0.1 with
-ready files, logs and guaranteed teardown) lives in ``tests/e2e/conftest.py``; it is loaded
-here from its file, once, so both suites start processes the same way and this suite does not
-carry a copy. On top of it: restarting a killed worker, reading a process's memory, and
-waiting until a worker is in the middle of a batch.
+ready files, logs and guaranteed teardown) is :mod:`tests.support.e2e`, so both suites start
+processes the same way and this suite does not carry a copy. On top of it: restarting a killed
+worker, reading a process's memory, and waiting until a worker is in the middle of a batch.
 """
 
 from __future__ import annotations
@@ -12,20 +11,26 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.support.launcher import e2e as _launcher
+from tests.support.e2e import (
+    API_KEY,
+    INSTANT,
+    MODEL,
+    Launcher,
+    Proc,
+    sample,
+    scrape,
+    wait_for,
+)
 
-Launcher: Any = _launcher.Launcher
-Fleet: Any = _launcher.Fleet
-Proc: Any = _launcher.Proc
-wait_for = _launcher.wait_for
-scrape = _launcher.scrape
-sample = _launcher.sample
-duration = _launcher.duration
-MODEL: str = _launcher.MODEL
-API_KEY: str = _launcher.API_KEY
-INSTANT: tuple[str, ...] = _launcher.INSTANT
 # Attach the processes' logs to a failed scenario's report (the e2e suite's hook).
-attach_logs_on_failure = _launcher.pytest_runtest_makereport
+from tests.support.e2e import pytest_runtest_makereport as attach_logs_on_failure
+
+# The launcher's names this suite's modules use, and what this module adds on top.
+__all__ = [
+    "API_KEY", "DEFAULT_BACKOFF", "INSTANT", "MODEL", "Launcher", "Proc",
+    "attach_logs_on_failure", "busy_slots", "memory_kib", "restart_worker", "sample", "scrape",
+    "wait_mid_batch",
+]  # fmt: skip
 
 # Workers as a deployment runs them: the default reconnect backoff (10 s ceiling), not the
 # 1 s the e2e launcher uses to keep its tests short — a controller restart must not depend on

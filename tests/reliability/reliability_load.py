@@ -35,7 +35,7 @@ from reliability_table import (
 )
 
 from common.errors import parse_rpc_error
-from halcyon.loadtest import is_halcyon_answer
+from halcyon.tools.loadtest import is_halcyon_answer
 
 ANCHOR_POLL_S = 0.02
 # How long the loadtest may take to connect and send its first request.

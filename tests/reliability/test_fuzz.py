@@ -56,7 +56,7 @@ from halcyon.v1 import control_pb2, infer_pb2, worker_pb2
 
 pytestmark = [pytest.mark.reliability, pytest.mark.timeout(240)]
 
-FLEET_TOKEN = "e2e-fleet-token"  # the launcher's (tests/e2e/conftest.py)
+FLEET_TOKEN = "e2e-fleet-token"  # the launcher's (tests/support/e2e.py)
 OPERATOR_TOKEN = "e2e-operator-token"
 INFER_EXAMPLES = 300
 RAW_EXAMPLES = 100  # per RPC

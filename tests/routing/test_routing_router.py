@@ -3,6 +3,7 @@ and computed no-capacity advice."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterable
 
@@ -28,6 +29,13 @@ BREAKER = BreakerConfig(
     min_requests=3, base_backoff_s=1.0, max_backoff_s=8.0, half_open_successes=1
 )
 CONFIG = RouterConfig(ewma_tau_s=1.0, breaker=BREAKER)
+
+
+def set_draining(r: PeakEwmaRouter, name: str, draining: bool = True, now: float = 0.0) -> None:
+    """Hand the router the member's new record, as the membership owner does."""
+    spec = r.member(name)
+    assert isinstance(spec, ReplicaSpec)
+    r.upsert(dataclasses.replace(spec, draining=draining), now)
 
 
 class ScriptedRng:
@@ -113,7 +121,7 @@ def test_slot_ceiling_is_a_hard_filter() -> None:
 
 def test_draining_expired_and_open_replicas_are_never_chosen() -> None:
     r = router(*(ReplicaSpec(n, slots=10, prior_latency_s=0.01) for n in "abcd"))
-    r.set_draining("a")
+    set_draining(r, "a")
     r.renew_lease("b", 5.0)
     trip(r, "c", 5.0)
 
@@ -126,7 +134,7 @@ def test_draining_expired_and_open_replicas_are_never_chosen() -> None:
         return seen
 
     assert chosen() == {"d"}
-    r.set_draining("a", False)
+    set_draining(r, "a", False)
     r.renew_lease("b", None)
     assert chosen() == {"a", "b", "d"}
 
@@ -214,8 +222,7 @@ def test_no_replica() -> None:
     assert isinstance(result, NoCapacity)
     assert result.reason is NoCapacityReason.NO_REPLICA
     assert result.error_reason == "NO_CAPACITY"
-    r.upsert(ReplicaSpec("a"), 0.0)
-    r.set_draining("a")
+    r.upsert(ReplicaSpec("a", draining=True), 0.0)
     result = r.pick(0.0)
     assert isinstance(result, NoCapacity) and result.reason is NoCapacityReason.NO_REPLICA
 
@@ -302,8 +309,8 @@ def test_inflight_is_released_exactly_once_per_lease(
             done.append(lease)
         elif op == "again" and done:
             assert not r.complete(done[k % len(done)], outcome, 0.01, now)
-        elif op == "drain":
-            r.set_draining("abc"[k % 3], k % 2 == 0)
+        elif op == "drain" and "abc"[k % 3] in r:
+            set_draining(r, "abc"[k % 3], k % 2 == 0, now)
         elif op == "remove":
             name = "abc"[k % 3]
             r.remove(name)

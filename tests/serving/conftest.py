@@ -17,19 +17,11 @@ import pytest
 
 from common.auth import AuthPolicy, Role
 from common.serving import ServiceHost, ServingOptions
+from tests.support.waiting import wait_until_async
 
 TEST_SERVICE = "halcyon.test.Echo"
 FLEET = "fleet-secret"
 OPERATOR = "operator-secret"
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout_s``."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met within timeout")
-        await asyncio.sleep(0.005)
 
 
 def _identity(x: bytes) -> bytes:
@@ -156,8 +148,8 @@ def bidi(channel: grpc.aio.Channel) -> Any:
 
 
 @pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[..., Awaitable[None]]:
-    return wait_until
+def wait_until_fixture() -> Callable[..., Awaitable[object]]:
+    return wait_until_async
 
 
 @pytest.fixture

@@ -21,12 +21,13 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import grpc
 
-from common.raw_unary import RawCall, RawUnaryEndpoint
+from common.raw_unary import RawCall
 from common.serving import ServiceHost
 
 FAULT_KEY = "x-halcyon-test-fault"
@@ -49,13 +50,13 @@ def fault_hook(stage: str, call: RawCall | None) -> None:
 
 
 def _install() -> None:
-    add = ServiceHost.add_raw_unary
+    add = ServiceHost.add_unary
 
-    def add_with_hook(self: ServiceHost, endpoint: RawUnaryEndpoint) -> None:
-        endpoint.fault_hook = fault_hook
-        add(self, endpoint)
+    def add_with_hook(self: ServiceHost, *args: Any, **kwargs: Any) -> None:
+        add(self, *args, **kwargs)
+        self._raw_endpoints[-1].fault_hook = fault_hook
 
-    ServiceHost.add_raw_unary = add_with_hook  # type: ignore[method-assign]
+    ServiceHost.add_unary = add_with_hook  # type: ignore[method-assign]
 
 
 def main(argv: list[str]) -> int:
@@ -63,7 +64,7 @@ def main(argv: list[str]) -> int:
         grpc.__version__ = argv[1]
         argv = argv[2:]
     _install()
-    from halcyon.cli import main as halcyon_main
+    from halcyon.tools.cli import main as halcyon_main
 
     return halcyon_main(argv)
 

@@ -1,7 +1,7 @@
 """The stop gate on a real ServiceHost: after ``quiesce()`` new calls are held — on the
-completion-queue path and through grpc.aio alike — and refused with ``SHUTTING_DOWN`` once the
-stop begins, or just before their own deadline; health checks pass; ``quiesce()`` returns once
-arrivals stop, or at its limit."""
+completion-queue path, unary and streaming methods through grpc.aio alike — and refused with
+``SHUTTING_DOWN`` once the stop begins, or just before their own deadline; health checks pass;
+``quiesce()`` returns once arrivals stop, or at its limit."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import common.serving as serving
 import common.stop_gate as stop_gate
+from common.call import HELD, UnaryCall
 from common.errors import DOMAIN, Reason, RichError, parse_rpc_error
-from common.raw_unary import RawCall, RawUnaryEndpoint
 from common.serving import STOP_HOLD_LIMIT_S, STOP_QUIET_S, ServiceHost, ServingOptions
 from common.stop_gate import StopGate
 
 SERVICE = "halcyon.test.Gated"
-RAW = f"/{SERVICE}/Raw"  # served off the completion queue
-UNARY = f"/{SERVICE}/Unary"  # served by grpc.aio
+RAW = f"/{SERVICE}/Raw"  # served off the completion queue (ServiceHost.add_unary)
+UNARY = f"/{SERVICE}/Unary"  # a servicer's unary method, served by grpc.aio
 STREAM = f"/{SERVICE}/Stream"  # grpc.aio, server streaming
 
 
@@ -43,7 +43,6 @@ def _register(_servicer: Any, server: Any) -> None:
             grpc.method_handlers_generic_handler(
                 SERVICE,
                 {
-                    "Raw": grpc.unary_unary_rpc_method_handler(_unary, **kw),
                     "Unary": grpc.unary_unary_rpc_method_handler(_unary, **kw),
                     "Stream": grpc.unary_stream_rpc_method_handler(_stream, **kw),
                 },
@@ -52,15 +51,15 @@ def _register(_servicer: Any, server: Any) -> None:
     )
 
 
-def _raw_echo(call: RawCall) -> None:
-    call.reply(call.request)
+def _raw_echo(request: bytes, call: UnaryCall) -> None:
+    call.reply(request)
 
 
 @pytest.fixture
 async def host() -> AsyncIterator[ServiceHost]:
     host = ServiceHost("gated", ServingOptions(metrics_listen=None, serving_path="fast"), None)
     host.add_service(_register, None, SERVICE)
-    host.add_raw_unary(RawUnaryEndpoint(RAW, _raw_echo, host.grpc_metrics))
+    host.add_unary(RAW, _raw_echo, deserializer=None)
     await host.start()
     assert host.serving_path == "fast"
     yield host
@@ -182,11 +181,11 @@ async def test_quiesce_gives_up_at_its_limit_while_calls_keep_arriving(host: Ser
     assert all(_is_shutting_down(parse_rpc_error(f.exception())) for f in held)  # type: ignore[arg-type]
 
 
-# -- the gate alone, with stand-in completion-queue calls ---------------------------------------
+# -- the gate alone, with stand-in calls --------------------------------------------------------
 
 
 class _Call:
-    """Stands in for a RawCall: a deadline, and the answers it was given."""
+    """Stands in for a unary call: a deadline, and the answers it was given."""
 
     def __init__(self, left_s: float | None) -> None:
         self._deadline = None if left_s is None else time.monotonic() + left_s
@@ -199,11 +198,16 @@ class _Call:
         self.answers.append((time.monotonic(), err))
 
 
-async def test_held_raw_calls_are_refused_on_release_or_before_their_deadline() -> None:
+def _admit(gate: StopGate, call: _Call) -> Any:
+    return gate.admit(call)  # type: ignore[arg-type]
+
+
+async def test_held_calls_are_refused_on_release_or_before_their_deadline() -> None:
     gate = StopGate("gateway")
+    assert _admit(gate, _Call(None)) is None  # open: the call goes on
     gate.close()
     patient, hurried = _Call(None), _Call(0.1)
-    assert gate.hold_raw(patient) and gate.hold_raw(hurried)
+    assert _admit(gate, patient) is HELD and _admit(gate, hurried) is HELD
     assert gate.held == 2 and not patient.answers and not hurried.answers
     await asyncio.sleep(0.15)
     assert len(hurried.answers) == 1 and not patient.answers
@@ -212,8 +216,8 @@ async def test_held_raw_calls_are_refused_on_release_or_before_their_deadline() 
     assert _is_shutting_down(err) and "gateway is shutting down" in err.message
     gate.release()
     assert len(patient.answers) == 1 and len(hurried.answers) == 1  # one answer each
-    late = _Call(None)
-    assert gate.hold_raw(late) and len(late.answers) == 1  # after the release: at once
+    refused = _admit(gate, _Call(None))  # after the release: refused at once
+    assert isinstance(refused, RichError) and _is_shutting_down(refused)
 
 
 async def test_quiet_waits_for_the_last_arrival() -> None:
@@ -224,7 +228,7 @@ async def test_quiet_waits_for_the_last_arrival() -> None:
     async def arrive(times: int) -> None:
         for _ in range(times):
             await asyncio.sleep(0.02)
-            gate.hold_raw(_Call(None))
+            _admit(gate, _Call(None))
 
     arrivals = asyncio.ensure_future(arrive(5))  # the last at ~0.1 s
     await gate.quiet(0.05, 1.0)

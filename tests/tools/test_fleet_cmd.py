@@ -1,15 +1,14 @@
 """``halcyon fleet status | drain | undrain`` against a real controller, workers and gateway.
 
-Processes come from the e2e launcher (``tests/e2e/conftest.py``, loaded as a library as
-tests/deploy does). One fleet per module for the commands that leave it as they found it; the
-wait for a batch in flight gets its own fleet with a slow replica. ``drain --wait``'s decision
-is also tested without processes, on scripted GetState answers and a fake clock.
+Processes come from the e2e launcher (:mod:`tests.support.e2e`). One fleet per module for the
+commands that leave it as they found it; the wait for a batch in flight gets its own fleet with
+a slow replica. ``drain --wait``'s decision is also tested without processes, on scripted
+GetState answers and a fake clock.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,32 +16,19 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from types import ModuleType, SimpleNamespace
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
 import pytest
 from google.protobuf import json_format
 
-from halcyon.fleet_cmd import EXIT_STILL_BUSY, REPLICA_HEADERS, replica_rows, wait_drained
-from halcyon.operator_cli import CliError
+from halcyon.tools.fleet_cmd import EXIT_STILL_BUSY, REPLICA_HEADERS, replica_rows, wait_drained
+from halcyon.tools.operator_cli import CliError
 from halcyon.v1 import control_pb2, fleet_pb2
+from tests.support import e2e
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _load_e2e() -> ModuleType:
-    name = "halcyon_tests_e2e_launcher"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests/e2e/conftest.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-e2e = _load_e2e()
 
 
 def halcyon_fleet(

@@ -15,7 +15,7 @@ from dataclasses import fields
 
 import pytest
 
-from halcyon.loadtest import (
+from halcyon.tools.loadtest import (
     ClassTally,
     LoadGenerator,
     LoadOptions,

@@ -8,7 +8,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from halcyon.loadtest import GatewayCounters, Tally, read_gateway_counters, render, summarize
+from halcyon.tools.loadtest import GatewayCounters, Tally, read_gateway_counters, render, summarize
 
 METRICS = """\
 # HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.

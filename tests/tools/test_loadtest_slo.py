@@ -11,7 +11,6 @@ run can meet (``p50=1us``, exit 1).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -20,16 +19,15 @@ import sys
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from halcyon import loadtest
-from halcyon.cli import main as halcyon_main
-from halcyon.loadtest import (
+from halcyon.tools import loadtest
+from halcyon.tools.cli import main as halcyon_main
+from halcyon.tools.loadtest import (
     SLO_QUANTILES,
     SLO_RATES,
     LoadResult,
@@ -41,6 +39,7 @@ from halcyon.loadtest import (
     summarize,
     verdict_line,
 )
+from tests.support import e2e
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -318,21 +317,8 @@ def test_with_slo_and_json_the_verdicts_are_in_the_object(
 # -- against a real gateway ---------------------------------------------------------------------
 
 
-def _load_e2e() -> ModuleType:
-    """The e2e launcher (tests/e2e/conftest.py) as a library, as tests/deploy loads it."""
-    name = "halcyon_tests_e2e_launcher"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, REPO / "tests/e2e/conftest.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[str]:
-    e2e = _load_e2e()
     launcher = e2e.Launcher(tmp_path)
     try:
         yield launcher.fleet().gateway.grpc

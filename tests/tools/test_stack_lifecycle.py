@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from halcyon.stack import PID_FILE, STATE_PREFIX, remove_stale_state_dirs
+from halcyon.tools.stack import PID_FILE, STATE_PREFIX, remove_stale_state_dirs
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.e2e
 
@@ -228,13 +229,14 @@ def test_no_secret_in_sight_printed_commands_work_and_killed_processes_come_back
     os.kill(rows["controller"][2], signal.SIGKILL)
     run.wait_for(r"controller \(pid \d+\) was killed by SIGKILL; restarting it", after=mark)
     run.wait_for(r"controller is back", after=mark)
-    deadline = time.monotonic() + 30
-    while True:  # the workers re-register with the restarted controller on its old port
+
+    def both_registered() -> bool:  # with the restarted controller, on its old port
         out = _fresh_shell(state_call)
-        if out.returncode == 0 and len(json.loads(out.stdout).get("replicas", [])) == 2:
-            break
-        assert time.monotonic() < deadline, (out.stdout, out.stderr, run.text)
-        time.sleep(0.5)
+        return out.returncode == 0 and len(json.loads(out.stdout).get("replicas", [])) == 2
+
+    wait_until(
+        both_registered, 30, "the workers to re-register", interval_s=0.5, details=lambda: run.text
+    )
     out = _fresh_shell(infer)
     assert out.returncode == 0, out.stderr
     assert run.proc.poll() is None

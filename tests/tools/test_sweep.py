@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from halcyon.loadtest import SloClass
-from halcyon.sweep import Point, parse_rates, scaled_mix, table
+from halcyon.tools.loadtest import SloClass
+from halcyon.tools.sweep import Point, parse_rates, scaled_mix, table
 
 
 def test_relative_rates_are_multiples_of_the_measured_capacity() -> None:

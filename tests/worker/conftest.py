@@ -5,7 +5,6 @@ Helpers are handed out as fixtures so no test module imports a ``conftest`` by n
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -22,20 +21,11 @@ from common.auth import bearer_metadata
 from common.backoff import Backoff
 from common.serving import ServingOptions
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
+from tests.support.waiting import wait_until_async
 from worker.app import WorkerApp, WorkerConfig
 
 FLEET = "test-fleet-token"
 OPERATOR = "test-operator-token"
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    """Poll ``predicate`` until true; fail the test after ``timeout_s``."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not predicate():
-        if loop.time() > deadline:
-            raise AssertionError("condition not met within timeout")
-        await asyncio.sleep(0.005)
 
 
 @dataclass
@@ -104,8 +94,8 @@ async def start_worker() -> AsyncIterator[WorkerFactory]:
 
 
 @pytest.fixture(name="wait_until")
-def wait_until_fixture() -> Callable[..., Awaitable[None]]:
-    return wait_until
+def wait_until_fixture() -> Callable[..., Awaitable[object]]:
+    return wait_until_async
 
 
 @pytest.fixture

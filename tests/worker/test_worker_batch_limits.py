@@ -18,7 +18,7 @@ import pytest
 
 from common.errors import parse_rpc_error
 from halcyon.v1 import worker_pb2, worker_pb2_grpc
-from tests.support.launcher import e2e
+from tests.support import e2e
 from worker.validation import MAX_BATCH_TOKENS, MAX_ITEM_TOKENS, MAX_ITEMS
 
 pytestmark = pytest.mark.e2e

@@ -331,9 +331,8 @@ async def test_execute_batch_span_continues_the_callers_trace(
     spans: InMemorySpanExporter,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The completion-queue adapter's span, made with the tracer it is given (grpc.aio's is
-    # OpenTelemetry's interceptor's, on the global provider): on that path even when the suite
-    # runs again through grpc.aio (make test).
+    # The tracing layer's span, made with the tracer the host is given (the contract suite,
+    # tests/serving/contract, checks that both transports make the same one).
     monkeypatch.setenv(SERVING_PATH_ENV, "fast")
     w = await start_worker(tracer=tracer_provider.get_tracer("worker"))
     gateway = tracer_provider.get_tracer("gateway")
