@@ -71,6 +71,7 @@ from common.call_metrics import CallMetrics
 from common.decode_guard import DecodeGuard, message_type_of
 from common.grpc_metrics import GrpcServerMetrics, ServerMetricsInterceptor, split_method
 from common.health import NOT_SERVING, SERVING, HealthService, ProbeServer
+from common.host_layers import AddedInterceptors, HostLayer
 from common.liveness import LIVE, LivenessWatchdog, Verdict
 from common.metrics_http import _MetricsHttpServer, _QuietHandler, _ThreadingWSGIServer
 from common.pipeline import Layer, UnaryHandler, UnaryPipeline
@@ -224,6 +225,8 @@ class ServiceHost:
         ]
         if auth is not None:
             streaming.append(AuthInterceptor(auth))
+        self._added = AddedInterceptors()
+        streaming.append(self._added)
         streaming.append(DecodeGuard())
         self.server: grpc.aio.Server = grpc.aio.server(
             interceptors=[StreamingOnly(streaming)], options=server_options(options)
@@ -289,7 +292,8 @@ class ServiceHost:
            limit refuses them (only where the method has one);
         5. auth — the credential before the bytes are decoded: undecodable bytes without a
            key are UNAUTHENTICATED (only where the method needs a check);
-        6. decode, 7. handler (``common.pipeline``).
+        6. the application's layers (:meth:`add_layer`), in the order added;
+        7. decode, 8. handler (``common.pipeline``).
         """
         layers: list[Layer] = []
         if traced(method):
@@ -303,7 +307,14 @@ class ServiceHost:
             auth = self._auth.layer_for(method, tenant_check)
             if auth is not None:
                 layers.append(auth)
+        layers.extend(self._added.chain)
         return layers
+
+    def add_layer(self, layer: HostLayer) -> None:
+        """Run ``layer`` on every call after auth; before add_service() and start()."""
+        if self._started or self._services:
+            raise RuntimeError("add_layer must be called before add_service and start()")
+        self._added.chain.append(layer)
 
     def _servicer_pipeline(self, method: str, handler: grpc.RpcMethodHandler) -> UnaryPipeline:
         """The pipeline of an added servicer's unary method (its own handler runs after it)."""

@@ -30,6 +30,7 @@ from controller.fleet import FleetManager
 from controller.fleet_view import FleetView
 from controller.metrics import ControllerMetrics
 from controller.outcomes import OutcomeAggregator
+from controller.quotas.grants import QuotaGrants
 from controller.registry import FleetRegistry
 from controller.rollout_evidence import RolloutEvidence
 from controller.rollouts import RolloutManager
@@ -127,8 +128,11 @@ class Controller:
             configured_stable=config.stable,
             tick_s=config.rollout_tick_s,
         )
+        # Fleet-wide quotas (ADR 0003): leases ride on the fleet streams, woken by each grant.
+        self.quotas = QuotaGrants(clock, self.fleet.feed.publish)
         self.servicer = ControlService(
             fleet=self.fleet,
+            quotas=self.quotas,
             outcomes=self.outcomes,
             store=store,
             rollouts=self.rollouts,
@@ -146,18 +150,18 @@ class Controller:
         *,
         clock: Clock | None = None,
         metrics_registry: CollectorRegistry | None = None,
+        active: bool = True,
     ) -> Controller:
-        """Open the store, settle the stable versions, and build the controller."""
+        """Open the store and build the controller; ``active`` (the only controller, or the
+        leader) also takes the store over (:meth:`activate`). A standby opens with
+        ``active=False``: it writes nothing and re-arms nothing until it leads."""
         store = await asyncio.to_thread(ControllerStore, config.db_path)
         try:
             stored = await asyncio.to_thread(store.stable_versions)
             rec = reconcile(config.stable, stored, time.time())
-            await asyncio.to_thread(store.apply_reconciliation, rec)
         except BaseException:
             store.close()
             raise
-        for note in rec.notes:
-            _log.warning(note)
         _log.info(
             "store open",
             extra={"db": store.path, "backend": str(store.backend),
@@ -170,13 +174,28 @@ class Controller:
             clock=clock or MonotonicClock(),
             metrics_registry=metrics_registry,
         )
-        try:
-            await controller.rollouts.resume()
-        except BaseException:
-            store.close()
-            raise
-        controller.fleet.notify_changed()
+        if active:
+            try:
+                await controller.activate()
+            except BaseException:
+                store.close()
+                raise
         return controller
+
+    async def activate(self) -> None:
+        """Take the store over, as a (re)started controller does before serving: record the
+        stable versions the configuration and the store settle on, re-arm every running
+        rollout at its stored step and weight (its "resumed" decision). A standby that
+        becomes leader runs this then, reading what the previous leader decided."""
+        stored = await asyncio.to_thread(self.store.stable_versions)
+        rec = reconcile(self.config.stable, stored, time.time())
+        await asyncio.to_thread(self.store.apply_reconciliation, rec)
+        for note in rec.notes:
+            _log.warning(note)
+        for model, version in rec.effective.items():  # promotions since the standby opened
+            self.routing.set_stable(model, version)
+        await self.rollouts.resume()
+        self.fleet.notify_changed()
 
     def add_to(self, host: ServiceHost) -> None:
         """Register the ControlService on a host (before ``host.start()``)."""
@@ -190,11 +209,13 @@ class Controller:
         self.events.start()
         self.fleet.start()
         self.rollouts.start()
+        self.quotas.start()
 
     async def shutdown(self) -> None:
         """Stop judging; end every worker session, WatchFleet and decision stream with OK
         (before the server stops)."""
         await self.rollouts.close()
+        await self.quotas.close()
         await self.fleet.close()
 
     async def close(self) -> None:
@@ -203,6 +224,7 @@ class Controller:
             return
         self._closed = True
         await self.rollouts.close()
+        await self.quotas.close()
         await self.fleet.close()
         await self.events.close()
         await asyncio.to_thread(self.store.close)

@@ -31,6 +31,7 @@ from common.credentials import (
     is_loopback,
     load_credentials,
 )
+from common.leader_gate import LeaderGate
 from common.logs import configure_logging
 from common.parent_death import die_with_parent
 from common.ports import describe_port_holders
@@ -43,13 +44,15 @@ from common.serving import (
 from common.tracing import configure_tracing
 from controller.app import Controller, ControllerConfig
 from controller.console import Console, ConsoleConfig
+from controller.leadership import Leadership
 from controller.stable_versions import (
     merge_configured,
     parse_stable_assignment,
     stable_map_from_config,
 )
 from controller.store import StoreError
-from controller.store_url import parse_store_location
+from controller.store_url import Backend, parse_store_location
+from halcyon.v1 import control_pb2
 
 __all__ = ["configure", "run"]
 
@@ -63,6 +66,12 @@ DEFAULT_DB = "./halcyon-controller.sqlite"
 _DEFAULT_DB_PATH = Path(DEFAULT_DB)
 DEFAULT_CONSOLE_LISTEN = "127.0.0.1:9440"
 CONSOLE_OFF = "off"
+# What a standby serves besides health and reflection (common.leader_gate): reading is safe.
+STANDBY_SERVES = (
+    f"/{control_pb2.DESCRIPTOR.services_by_name['ControlService'].full_name}/GetState",
+)
+# Exit code of a leader that lost its lock: its supervisor restarts it, as a standby.
+EXIT_LOST_LEADERSHIP = 3
 
 _EPILOG = """\
 examples:
@@ -83,8 +92,12 @@ that model changes.
 
 Store: an SQLite file by default (--db PATH). --store postgresql://USER@HOST:PORT/DBNAME keeps
 it in a PostgreSQL database the user owns instead (the same schema, migrated at start), so the
-controller can move to another machine. Give the password in $PGPASSWORD or a ~/.pgpass file
-($PGPASSFILE), not in the URL: the command line is visible to every user of the machine.
+controller can move to another machine. Several controllers may share one PostgreSQL store:
+exactly one leads (a PostgreSQL advisory lock), the others stand by — readiness NOT_SERVING,
+GetState only, every other call refused UNAVAILABLE/NOT_LEADER naming the leader (--advertise)
+— and one takes over within seconds of the leader's death. Give the password in $PGPASSWORD
+or a ~/.pgpass file ($PGPASSFILE), not in the URL: the command line is visible to every user
+of the machine.
 
 Operator console: a web page at http://127.0.0.1:9440/ (--console-listen; 'off' disables it).
 On loopback anyone on this machine may look; promote, abort, drain and undrain need the
@@ -153,11 +166,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--store",
         type=_store_url,
-        default=None,
+        # From the environment too, so a Kubernetes Secret can hold the URL (deploy/k8s).
+        default=os.environ.get("HALCYON_STORE") or None,
         metavar="URL",
         help="where the store lives: sqlite:///PATH/FILE.db or postgresql://USER@HOST:PORT/DB "
         "(a database the user owns; the password from $PGPASSWORD or $PGPASSFILE). "
-        "Not with --db",
+        "Not with --db (default: $HALCYON_STORE)",
     )
     group.add_argument(
         "--stable",
@@ -213,6 +227,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "page needs the operator credential; actions always do. HTTPS with --tls-cert/--tls-key "
         f"(default {DEFAULT_CONSOLE_LISTEN}; when that port is taken the controller runs "
         "without a console and logs a warning, where an address given here fails the start)",
+    )
+    group.add_argument(
+        "--advertise",
+        type=hostport,
+        default=None,
+        metavar="HOST:PORT",
+        help="the address standbys name to clients when this controller leads (PostgreSQL "
+        "store only; default: the bound gRPC address)",
     )
     add_credential_arguments(
         parser,
@@ -311,56 +333,137 @@ def _holder(listen: str) -> str:
     return f"; {holders}" if holders else ""
 
 
+def _exit_lost_leadership() -> None:
+    """The leader's lock session is gone, so another controller may lead already: stop acting
+    at once — no graceful drain, which would keep acting — and let the supervisor restart this
+    process as a standby."""
+    _log.error("lost the leader lock: exiting so that this controller restarts as a standby")
+    logging.shutdown()  # flush the line before the process ends
+    os._exit(EXIT_LOST_LEADERSHIP)
+
+
 async def _serve(args: argparse.Namespace, config: ControllerConfig, auth: AuthPolicy) -> int:
     options = serving_options_from_args(args)
     # The host would write the ready file as soon as gRPC is bound; it is written here once
     # the console is bound too, so whoever waits for it can use both.
     ready_file, options.ready_file = options.ready_file, None
     host = ServiceHost("controller", options, auth)
+    location = parse_store_location(config.db_path)
+    # Only a PostgreSQL store can be shared, so only there is there an election (SQLite: this
+    # controller always leads, and takes the store over before serving as it always did).
+    leadership: Leadership | None = None
+    gate: LeaderGate | None = None
+    if location.backend is Backend.POSTGRESQL:
+        leadership = Leadership(location, args.advertise or "")
+        elected = leadership
+        gate = LeaderGate(STANDBY_SERVES, lambda: elected.leader_address)
+        host.add_layer(gate)
     try:
-        controller = await Controller.open(config, metrics_registry=host.registry)
+        controller = await Controller.open(
+            config, metrics_registry=host.registry, active=leadership is None
+        )
     except StoreError as exc:
-        where = parse_store_location(config.db_path).display  # never the password
-        _log.error("cannot open the store", extra={"db": where, "error": str(exc)})
+        _log.error("cannot open the store", extra={"db": location.display, "error": str(exc)})
         return 1
     console_listen = args.console_listen or DEFAULT_CONSOLE_LISTEN
     console: Console | None = None
     if console_listen != CONSOLE_OFF:
         console = Console(controller, auth, ConsoleConfig(console_listen, tls=options.tls))
+    tasks: list[asyncio.Task[None]] = []
 
     async def shutdown() -> None:
+        for task in tasks:
+            task.cancel()
         if console is not None:
             await console.close()
         await controller.shutdown()
+
+    def announce(role: str, addresses: dict[str, str | None]) -> None:
+        if ready_file is not None:
+            _write_ready_file(ready_file, {**addresses, "role": role})
+        _log.info(
+            "controller ready",
+            extra={**addresses, "lease_ttl_s": config.lease_ttl_s, "role": role},
+        )
+
+    async def lead(addresses: dict[str, str | None]) -> None:
+        """Act: the only controller, or the one that holds the leader lock."""
+        nonlocal console
+        if leadership is not None:
+            await controller.activate()  # what the previous leader decided, re-armed
+            tasks.append(asyncio.create_task(leadership.watch(_exit_lost_leadership)))
+        if console is not None:  # its actions write: a standby has none
+            console = await _start_console(console, explicit=args.console_listen is not None)
+        controller.start()
+        if gate is not None:
+            gate.lead()
+        host.set_ready(True)
+        if console is not None:
+            addresses["console"] = console.address
+            addresses["console_url"] = console.url
+        announce("leader", addresses)
+
+    async def stand_by(addresses: dict[str, str | None]) -> None:
+        assert leadership is not None
+        epoch = await leadership.acquire()
+        _log.info(
+            "controller took over as leader",
+            extra={"advertise": leadership.advertise, "epoch": epoch},
+        )
+        try:
+            await lead(addresses)
+        except Exception as exc:
+            # Holding the lock without leading would block every standby: whatever failed,
+            # exit, and the supervisor starts a standby.
+            _log.error("cannot take over as leader", extra={"error": repr(exc)})
+            _exit_lost_leadership()
 
     try:
         controller.add_to(host)
         try:
             await host.start()
-            if console is not None:
-                console = await _start_console(console, explicit=args.console_listen is not None)
         except OSError as exc:
             _log.error("cannot start serving", extra={"error": str(exc)})
             return 1
-        controller.start()
-        host.set_ready(True)
-        addresses = {
+        addresses: dict[str, str | None] = {
             "grpc": host.grpc_address,
             "metrics": host.metrics_address,
             "health": host.health_address,
         }
-        if console is not None:
-            addresses["console"] = console.address
-            addresses["console_url"] = console.url
-        if ready_file is not None:
-            _write_ready_file(ready_file, addresses)
-        _log.info("controller ready", extra={**addresses, "lease_ttl_s": config.lease_ttl_s})
+        if leadership is not None:
+            leadership.advertise = leadership.advertise or host.grpc_address
+        if leadership is not None and not await asyncio.to_thread(leadership.try_acquire):
+            _log.info(
+                "controller is a standby",
+                extra={"advertise": leadership.advertise, "leader": leadership.leader_address},
+            )
+            announce("standby", dict(addresses))
+            tasks.append(asyncio.create_task(stand_by(addresses)))
+        else:
+            if leadership is not None:
+                _log.info(
+                    "controller is the leader",
+                    extra={"advertise": leadership.advertise, "epoch": leadership.epoch},
+                )
+            try:
+                await lead(addresses)
+            except StoreError as exc:  # the leader's first reads and writes (activate)
+                where = location.display
+                _log.error("cannot open the store", extra={"db": where, "error": str(exc)})
+                return 1
+            except OSError as exc:
+                _log.error("cannot start serving", extra={"error": str(exc)})
+                return 1
         await host.serve_until_signal(on_shutdown=shutdown)
     finally:
+        for task in tasks:
+            task.cancel()
         if console is not None:
             await console.close()
         await host.stop()
         await controller.close()
+        if leadership is not None:
+            leadership.close()
     _log.info("controller stopped")
     return 0
 

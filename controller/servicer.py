@@ -54,6 +54,7 @@ from controller.drop_log import DropLog
 from controller.fleet import FleetManager, SessionEnd, WorkerSessionHandle
 from controller.metrics import ControllerMetrics
 from controller.outcomes import OutcomeAggregator
+from controller.quotas.grants import QuotaGrants
 from controller.registry import (
     MAX_ID_CHARS,
     InvalidDescriptor,
@@ -93,6 +94,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
         *,
         fleet: FleetManager,
         outcomes: OutcomeAggregator,
+        quotas: QuotaGrants,
         store: ControllerStore,
         rollouts: RolloutManager,
         metrics: ControllerMetrics,
@@ -102,6 +104,7 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> None:
         self._fleet = fleet
         self._outcomes = outcomes
+        self._quotas = quotas
         self._store = store
         self._rollouts = rollouts
         self._metrics = metrics
@@ -252,14 +255,16 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
             await self._fail(context, invalid_argument("gateway_id", problem))
         self._metrics.fleet_watchers.inc()
         _log.info("fleet watcher connected", extra={"gateway_id": request.gateway_id})
-        sent: int | None = None
+        sent: tuple[int, int] | None = None
         try:
             with feed.subscribe() as subscription:
                 while True:
                     snapshot = self._fleet.view.snapshot()
-                    if snapshot.generation != sent:
-                        await context.write(snapshot)
-                        sent = snapshot.generation
+                    # A new fleet generation, or a quota grant renewing this gateway's leases.
+                    version = (snapshot.generation, self._quotas.round)
+                    if version != sent:
+                        await context.write(self._with_leases(snapshot, request.gateway_id))
+                        sent = version
                     if not await subscription.wait():
                         return
                     if self._coalesce_s > 0:
@@ -270,8 +275,21 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
                             # registry, and gateways must not take that for the fleet.
                             return
         finally:
+            self._quotas.forget(request.gateway_id)
             self._metrics.fleet_watchers.dec()
             _log.info("fleet watcher gone", extra={"gateway_id": request.gateway_id})
+
+    def _with_leases(
+        self, snapshot: control_pb2.WatchFleetResponse, gateway_id: str
+    ) -> control_pb2.WatchFleetResponse:
+        """The shared snapshot as is, or a copy carrying the gateway's quota leases."""
+        leases = self._quotas.leases_for(gateway_id)
+        if not leases:
+            return snapshot
+        own = control_pb2.WatchFleetResponse()
+        own.CopyFrom(snapshot)
+        own.quota_leases.extend(leases)
+        return own
 
     async def ReportOutcomes(
         self,
@@ -306,6 +324,8 @@ class ControlService(control_pb2_grpc.ControlServiceServicer):
     ) -> int:
         # Never rejects: malformed items are dropped and counted, the rest is evidence.
         result = self._outcomes.ingest(report)
+        if report.gateway_id:
+            self._quotas.report(report.gateway_id, report.demands)
         self._metrics.count_outcomes(result.counted, result.dropped)
         if result.dropped:
             self._drop_log.record(echo(report.gateway_id), result.dropped, result.problem)

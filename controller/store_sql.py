@@ -93,6 +93,17 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE rollouts ADD COLUMN resumes_in_step INTEGER NOT NULL DEFAULT 0",
         "ALTER TABLE rollout_decisions ADD COLUMN applied INTEGER NOT NULL DEFAULT 1",
     ),
+    # 5: who leads (issue #22, PostgreSQL only): one row, written by the controller that holds
+    # the leader lock — the address standbys name to clients, and an epoch bumped at every
+    # takeover. An SQLite store has the table and never a row (no election there).
+    (
+        """CREATE TABLE controller_leader (
+            id INTEGER PRIMARY KEY,
+            epoch INTEGER NOT NULL,
+            address TEXT NOT NULL,
+            since {real} NOT NULL
+        )""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 # The version that added the gate columns (migration 4); a store opened at an earlier target

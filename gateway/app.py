@@ -31,6 +31,8 @@ from prometheus_client import Gauge
 from common.auth import AuthPolicy, bearer_metadata
 from common.backoff import controller_channel_options
 from common.clock import Clock, MonotonicClock
+from common.controller_targets import ControllerTargets
+from common.durations import to_seconds
 from common.errors import Reason, unavailable
 from common.grpc_metrics import ClientMetricsInterceptors, GrpcClientMetrics, UnaryClientRecorder
 from common.rng import SeededRng
@@ -42,6 +44,7 @@ from gateway.admission import (
     PriorityShedder,
     TenantQuotas,
 )
+from gateway.admission.quota_shares import QuotaShares
 from gateway.answer_guard import AnswerGuard
 from gateway.batching import BatcherConfig
 from gateway.batching.fixed import make_batcher
@@ -139,10 +142,19 @@ class GatewayApp(InferPath, StatusReport):
             registry=self.host.registry,
         ).labels(config.batching.value).set(1)
         self.tenants = config.tenants
+        quotas = TenantQuotas(config.tenants)
         self.admission = AdmissionController(
-            TenantQuotas(config.tenants),
+            quotas,
             GradientLimiter(config.limiter, now=self.clock.now()),
             PriorityShedder(),
+        )
+        # Each tenant's share of its fleet-wide quota: leases from the fleet snapshots,
+        # re-checked with every report (ADR 0003).
+        self.quota_shares = QuotaShares(
+            config.tenants,
+            quotas,
+            expected_gateways=config.expected_gateways,
+            now=self.clock.now(),
         )
         self.fleet = FleetState()
         self.dispatchers: dict[tuple[str, str], VersionDispatcher] = {}
@@ -182,24 +194,26 @@ class GatewayApp(InferPath, StatusReport):
 
     # -- lifecycle ------------------------------------------------------------------------------
 
+    def _controller_channel_to(self, target: str) -> grpc.aio.Channel:
+        tls = self.config.controller_tls
+        if tls is not None:
+            return grpc.aio.secure_channel(
+                target,
+                tls.channel_credentials(),
+                options=controller_channel_options(),
+                interceptors=self._client_interceptors,
+            )
+        return grpc.aio.insecure_channel(
+            target, options=controller_channel_options(), interceptors=self._client_interceptors
+        )
+
     async def start(self) -> None:
         self._snapshot.bind(asyncio.get_running_loop())
         await self.host.start()
         cfg = self.config
         if cfg.controller:
-            if cfg.controller_tls is not None:
-                channel = grpc.aio.secure_channel(
-                    cfg.controller,
-                    cfg.controller_tls.channel_credentials(),
-                    options=controller_channel_options(),
-                    interceptors=self._client_interceptors,
-                )
-            else:
-                channel = grpc.aio.insecure_channel(
-                    cfg.controller,
-                    options=controller_channel_options(),
-                    interceptors=self._client_interceptors,
-                )
+            targets = ControllerTargets(cfg.controller)
+            channel = self._controller_channel_to(targets.current)
             self._controller_channel = channel
             self.link = ControllerLink(
                 channel,
@@ -209,6 +223,8 @@ class GatewayApp(InferPath, StatusReport):
                 self._report_status,
                 cfg.report_interval_s,
                 report_health=self._report_health,
+                targets=targets,
+                channel_for=self._controller_channel_to,
             )
             self.metrics.dropped_outcomes.read_from(self.link.dropped_total)
             self.link.start()
@@ -304,6 +320,18 @@ class GatewayApp(InferPath, StatusReport):
         """Take in a controller snapshot (merged while the controller warms up, ADR 0011); the
         fleet state's owner of membership tells the pool and the dispatchers what changed."""
         diff = self.fleet.apply(snapshot, new_stream=new_stream)
+        if snapshot.quota_leases:
+            now = self.clock.now()
+            for lease in snapshot.quota_leases:
+                self.quota_shares.apply(
+                    lease.tenant,
+                    lease.rate_per_s,
+                    lease.burst,
+                    to_seconds(lease.ttl),
+                    lease.gateways_known,
+                    now,
+                )
+            self.quota_shares.refresh(now)
         if not diff.empty or (new_stream and self.fleet.carried):
             log.info(
                 "fleet updated",

@@ -36,6 +36,10 @@ class GatewayConfig:
     seed: int = 0
     objective: Objective = Objective.ON_TIME_REQUESTS
     report_interval_s: float = 1.0
+    # Gateways the deployment runs (``--expected-gateways``): before the controller's first
+    # quota lease each enforces its tenants' quotas divided by this (ADR 0003). 1: alone, the
+    # whole quota, as a gateway always did.
+    expected_gateways: int = 1
     # How long an idle replica may be held back to let a batch grow. Zero: an idle replica
     # takes work at once (continuous batching) — batches grow by themselves while replicas are
     # busy, and waiting on an idle one only adds latency at light load.

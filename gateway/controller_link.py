@@ -12,6 +12,12 @@ capped exponential backoff and jitter. An unreachable controller is waited for b
 resubscribed to within about a second; the backoff is for refusals. A stream that ended
 after delivering snapshots is resubscribed after the first, short backoff step.
 
+Several controllers (``--controller a,b``, issue #22; ``channel_for`` opens a channel to an
+address): a fleet stream refused or lost ``UNAVAILABLE`` — a standby's ``NOT_LEADER``, a
+controller gone — moves both streams to the leader the refusal names or the next address
+(:mod:`common.controller_targets`), with the same backoff; with several addresses an
+unreachable controller is not waited for, since the leader may be dead for good.
+
 Outcome reports are the evidence canaries are judged on, so a report is only forgotten once
 the controller has acknowledged it: each second's report is sent with the ones still unsent in
 one ``ReportOutcomes`` call, and the response's ``reports_received`` says how many arrived (a
@@ -48,7 +54,10 @@ import grpc
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff
+from common.controller_targets import ControllerTargets
 from common.durations import set_duration
+from common.errors import parse_rpc_error
+from gateway.admission.quota_shares import TenantDemandReport
 from gateway.metrics import TenantTotals
 from gateway.routing.breaker import BreakerState
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
@@ -77,12 +86,15 @@ class GatewayHealth:
     """What a report says of the gateway beyond its limiter: read from their owners on the loop.
 
     ``breakers``: (replica id, state) for every replica a router holds; ``sheds``: requests
-    shed so far by reason; ``tenants``: each tenant's calls so far (both cumulative).
+    shed so far by reason; ``tenants``: each tenant's calls so far (both cumulative);
+    ``demands``: each tenant's measured demand now, with its contract (the controller splits
+    the contract among the gateways by it, ``controller.quotas``).
     """
 
     breakers: Sequence[tuple[str, BreakerState]] = ()
     sheds: Mapping[str, int] = field(default_factory=dict)
     tenants: Mapping[str, TenantTotals] = field(default_factory=dict)
+    demands: Sequence[TenantDemandReport] = ()
 
 
 def add_health(report: control_pb2.ReportOutcomesRequest, health: GatewayHealth) -> None:
@@ -109,6 +121,13 @@ def add_health(report: control_pb2.ReportOutcomesRequest, health: GatewayHealth)
             ok=t.ok,
             errors=t.errors,
         )
+    for d in health.demands:
+        report.demands.add(
+            tenant=d.tenant,
+            rate_per_s=d.rate,
+            contract_rate_per_s=d.contract_rate,
+            contract_burst=d.contract_burst,
+        )
 
 
 class ControllerLink:
@@ -123,8 +142,19 @@ class ControllerLink:
         report_status: Callable[[], tuple[int, int, list[fleet_pb2.CostModel]]],
         report_interval_s: float = 1.0,
         report_health: Callable[[], GatewayHealth] | None = None,
+        *,
+        targets: ControllerTargets | None = None,
+        channel_for: Callable[[str], grpc.aio.Channel] | None = None,
     ) -> None:
+        """``channel`` reaches ``targets.current``; with several ``targets``, ``channel_for``
+        opens a channel to another (the link closes those it opened, in :meth:`stop`)."""
         self._stub = control_pb2_grpc.ControlServiceStub(channel)
+        self._targets = targets
+        self._channel_for = channel_for
+        self._channels: dict[str, grpc.aio.Channel] = (
+            {targets.current: channel} if targets is not None else {}
+        )
+        self._own_channels: list[grpc.aio.Channel] = []
         self._gateway_id = gateway_id
         self._metadata = bearer_metadata(fleet_token)
         self._on_snapshot = on_snapshot
@@ -184,6 +214,24 @@ class ControllerLink:
         for t in self._tasks:
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for channel in self._own_channels:
+            await channel.close()
+
+    @property
+    def _several(self) -> bool:
+        return self._targets is not None and self._channel_for is not None and self._targets.several
+
+    def _move_on(self, err: grpc.aio.AioRpcError) -> None:
+        """After the fleet stream failed: the next controller, if there is another."""
+        targets, channel_for = self._targets, self._channel_for
+        if targets is None or channel_for is None or not targets.move_on(parse_rpc_error(err)):
+            return
+        channel = self._channels.get(targets.current)
+        if channel is None:
+            channel = self._channels[targets.current] = channel_for(targets.current)
+            self._own_channels.append(channel)
+        self._stub = control_pb2_grpc.ControlServiceStub(channel)
+        log.info("trying another controller", extra={"controller": targets.current})
 
     async def _watch_forever(self) -> None:
         attempt = 0
@@ -192,7 +240,9 @@ class ControllerLink:
                 stream = self._stub.WatchFleet(
                     control_pb2.WatchFleetRequest(gateway_id=self._gateway_id),
                     metadata=self._metadata,
-                    wait_for_ready=True,  # an unreachable controller is waited for, not retried
+                    # An unreachable controller is waited for, not retried (unless there are
+                    # others to try).
+                    wait_for_ready=not self._several,
                 )
                 first = True
                 async for snapshot in stream:
@@ -228,6 +278,7 @@ class ControllerLink:
                         "the controller refused the fleet credential",
                         extra={"detail": err.details()},
                     )
+                self._move_on(err)
                 await self._wait_to_retry(attempt)
                 attempt += 1
 

@@ -46,6 +46,7 @@ from gateway.admission import (
     request_cost,
 )
 from gateway.admission.quota import QuotaExceeded
+from gateway.admission.quota_shares import QuotaShares
 from gateway.admission.shedder import Overloaded
 from gateway.answer_guard import AnswerGuard
 from gateway.config import GatewayConfig
@@ -150,6 +151,7 @@ class InferPath:
     metrics: GatewayMetrics
     tenants: TenantRegistry
     admission: AdmissionController
+    quota_shares: QuotaShares
     fleet: FleetState
     dispatchers: dict[tuple[str, str], VersionDispatcher]
     link: ControllerLink | None
@@ -241,12 +243,11 @@ class InferPath:
                     f"no replica serves {valid.model} {version} right now",
                     self._fleet_retry_hint(),
                 )
-            granted = self.admission.admit(
-                tenant,
-                request_cost(valid.input_tokens, valid.max_output_tokens),
-                now,
-                _PRIORITY.get(valid.priority),
-            )
+            cost = request_cost(valid.input_tokens, valid.max_output_tokens)
+            # Demand for the fleet-wide quota: every arrival that reaches admission, admitted
+            # or refused (refusals are the demand a share did not cover).
+            self.quota_shares.demand.observe(tenant.name, cost, now)
+            granted = self.admission.admit(tenant, cost, now, _PRIORITY.get(valid.priority))
             if isinstance(granted, QuotaExceeded):
                 raise quota_exceeded(granted.tenant, granted.retry_after_s, granted.description)
             if isinstance(granted, Overloaded):

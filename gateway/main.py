@@ -12,7 +12,8 @@ import asyncio
 import logging
 from pathlib import Path
 
-from common.argtypes import hostport, positive
+from common.argtypes import positive
+from common.controller_targets import controller_addresses
 from common.credentials import CredentialError, add_credential_arguments, load_credentials
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
@@ -61,6 +62,13 @@ def _objective_flag(text: str) -> str:
         return text  # argparse's choices check names the allowed values
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``halcyon gateway`` flags to ``parser``."""
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
@@ -68,13 +76,26 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--controller",
-        type=hostport,
-        metavar="HOST:PORT",
-        help="controller to subscribe to for fleet membership and rollout weights "
+        type=controller_addresses,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="controller to subscribe to for fleet membership and rollout weights; several "
+        "(comma-separated) for controllers that elect a leader: a standby's refusal or a lost "
+        "one moves the gateway to the next "
         "(default: none, and a gateway without one has no replicas and never becomes ready)",
     )
     fleet.add_argument(
         "--gateway-id", metavar="ID", help="id reported to the controller (default gw-HOST-PID)"
+    )
+    fleet.add_argument(
+        "--expected-gateways",
+        type=_at_least_one,
+        default=1,
+        metavar="N",
+        help="gateways the deployment runs (its replica count). Tenant quotas are fleet-wide: "
+        "the controller splits each among the gateways by their demand, and until its first "
+        "lease arrives this gateway enforces each quota divided by N, so that N gateways "
+        "starting together never admit N times a tenant's contract. 1: this gateway is alone "
+        "and enforces whole quotas, as before leases (default %(default)s)",
     )
     policy = parser.add_argument_group("policy")
     policy.add_argument(
@@ -165,6 +186,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         batching=BatchingStrategy.parse(args.batching),
         controller_tls=peer_tls,
         worker_tls=peer_tls,
+        expected_gateways=args.expected_gateways,
     )
     if args.gateway_id:
         config.gateway_id = args.gateway_id

@@ -164,6 +164,8 @@ class GatewaySnapshot:
     weights: dict[tuple[str, str], float] = field(default_factory=dict)
     # tenant -> tokens of predicted work in its bucket now (negative while paying off).
     quota_tokens: dict[str, float] = field(default_factory=dict)
+    # tenant -> (work tokens per second this gateway holds it to, where that share comes from).
+    quota_shares: dict[str, tuple[float, str]] = field(default_factory=dict)
 
 
 @dataclass(slots=True)
@@ -297,6 +299,16 @@ class _SnapshotCollector(Collector):
         )
         for tenant, tokens in sorted(snap.quota_tokens.items()):
             quota.add_metric([tenant], tokens)
+        share = GaugeMetricFamily(
+            "halcyon_gateway_quota_share_per_second",
+            "Work tokens per second this gateway admits for each tenant, and where the share "
+            "comes from: the controller's lease, the fallback after a lease expired "
+            "(contract / gateways known), the initial share before any lease (contract / "
+            "--expected-gateways), or the configured quota (a lone gateway).",
+            labels=["tenant", "source"],
+        )
+        for tenant, (rate, source) in sorted(snap.quota_shares.items()):
+            share.add_metric([tenant, source], rate)
         yield from (
             latency,
             inflight,
@@ -307,6 +319,7 @@ class _SnapshotCollector(Collector):
             routable,
             weight,
             quota,
+            share,
         )
 
 

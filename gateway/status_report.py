@@ -18,6 +18,7 @@ from gateway.admission import (
     AdmissionController,
     TenantRegistry,
 )
+from gateway.admission.quota_shares import QuotaShares
 from gateway.batching import Batch, FlushReason
 from gateway.controller_link import ControllerLink, GatewayHealth
 from gateway.dispatcher import (
@@ -43,6 +44,7 @@ class StatusReport:
     metrics: GatewayMetrics
     tenants: TenantRegistry
     admission: AdmissionController
+    quota_shares: QuotaShares
     fleet: FleetState
     dispatchers: dict[tuple[str, str], VersionDispatcher]
     link: ControllerLink | None
@@ -111,8 +113,10 @@ class StatusReport:
         return limiter.limit, self._inflight, models
 
     def _report_health(self) -> GatewayHealth:
-        """Breakers, sheds and tenants for the controller link's report (once per report)."""
+        """Breakers, sheds, tenants and quota demand for the controller link's report (once
+        per report; an expired quota lease is noticed here too)."""
         now = self.clock.now()
+        self.quota_shares.refresh(now)
         breakers = [
             (view.replica_id, view.breaker)
             for d in self.dispatchers.values()
@@ -120,7 +124,8 @@ class StatusReport:
         ]
         totals = self.metrics.tenant_totals()
         tenants = {t.name: totals.get(t.name, TenantTotals()) for t in self.tenants}
-        return GatewayHealth(breakers, self.metrics.shed_totals(), tenants)
+        demands = list(self.quota_shares.demands(now))
+        return GatewayHealth(breakers, self.metrics.shed_totals(), tenants, demands)
 
     def _take_snapshot(self) -> GatewaySnapshot:
         """What the gateway exports at scrape time; runs on the loop (``LoopSnapshot``)."""
@@ -159,4 +164,5 @@ class StatusReport:
         quotas = self.admission.quotas
         for tenant in self.tenants:
             snap.quota_tokens[tenant.name] = quotas.available(tenant, now)
+        snap.quota_shares = self.quota_shares.shares()
         return snap

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from common.argtypes import hostport, non_negative, positive, probability
 from common.backoff import Backoff
+from common.controller_targets import controller_addresses
 from common.credentials import CredentialError, add_credential_arguments, load_credentials
 from common.gc_tuning import tune_for_serving
 from common.logs import configure_logging
@@ -186,10 +187,12 @@ def configure(parser: argparse.ArgumentParser) -> None:
     fleet = parser.add_argument_group("fleet")
     fleet.add_argument(
         "--controller",
-        type=hostport,
-        metavar="HOST:PORT",
-        help="controller to register with (default: none; the worker runs standalone and "
-        "only gateways told its address can use it)",
+        type=controller_addresses,
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help="controller to register with; several (comma-separated) for controllers that "
+        "elect a leader: a standby's refusal or a lost one moves the worker to the next "
+        "(default: none; the worker runs standalone and only gateways told its address can "
+        "use it)",
     )
     fleet.add_argument(
         "--advertise",

@@ -14,7 +14,13 @@ reconnections. An unreachable controller is waited for by the channel itself
 :func:`common.backoff.controller_channel_options`), so the worker re-registers within about a
 second of the controller listening again, however long it was gone. The capped exponential
 backoff is for refusals (a wrong credential, a controller shutting down, a protocol error):
-repeated failures of a controller that *is* there. A ``drain`` message from
+repeated failures of a controller that *is* there.
+
+Several controllers (``target`` ``a,b``, issue #22): a session refused or ended ``UNAVAILABLE``
+— a standby's ``NOT_LEADER``, a controller gone — reopens on the leader the refusal names or the
+next address (:mod:`common.controller_targets`), with the same delays. With several addresses
+a session does not wait for an unreachable controller to come back (that would wait on a dead
+leader forever): the connection failure moves it on. A ``drain`` message from
 the controller triggers the worker's drain in its own task (the session stays open, heartbeats
 report ``draining``); an ``undrain`` message undoes it, and a later ``drain`` drains again.
 :meth:`ControllerSession.close` half-closes the stream so the controller removes the
@@ -38,6 +44,8 @@ import grpc.aio
 
 from common.auth import bearer_metadata
 from common.backoff import Backoff, controller_channel_options
+from common.controller_targets import ControllerTargets
+from common.errors import parse_rpc_error
 from common.rng import Rng, SeededRng
 from common.tracing import client_interceptors
 from halcyon.v1 import control_pb2, control_pb2_grpc, fleet_pb2
@@ -78,7 +86,7 @@ class ControllerSession:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,  # reconnect backoff waits
         metrics: WorkerMetrics | None = None,
     ) -> None:
-        self.target = target
+        self.targets = ControllerTargets(target)
         self._metadata = bearer_metadata(fleet_token)
         self._descriptor = descriptor
         self._load = load
@@ -89,7 +97,7 @@ class ControllerSession:
         self._rng: Rng = rng if rng is not None else SeededRng(0)
         self._sleep = sleep
         self._metrics = metrics
-        self._channel: grpc.aio.Channel | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}  # by address, opened on first use
         self._task: asyncio.Task[None] | None = None
         self._call: Any = None
         self._heartbeat_task: asyncio.Task[None] | None = None
@@ -109,19 +117,31 @@ class ControllerSession:
     def connected(self) -> bool:
         return self._registered.is_set()
 
+    @property
+    def target(self) -> str:
+        """The controller address in use."""
+        return self.targets.current
+
+    def _channel(self) -> grpc.aio.Channel:
+        channel = self._channels.get(self.target)
+        if channel is None:
+            options = controller_channel_options()
+            if self._credentials is not None:
+                channel = grpc.aio.secure_channel(
+                    self.target, self._credentials, options, interceptors=client_interceptors()
+                )
+            else:
+                channel = grpc.aio.insecure_channel(
+                    self.target, options, interceptors=client_interceptors()
+                )
+            self._channels[self.target] = channel
+        return channel
+
     def start(self) -> None:
         """Open the channel and start the keep-registered loop in the background."""
         if self._task is not None:
             raise RuntimeError("session already started")
-        options = controller_channel_options()
-        if self._credentials is not None:
-            self._channel = grpc.aio.secure_channel(
-                self.target, self._credentials, options, interceptors=client_interceptors()
-            )
-        else:
-            self._channel = grpc.aio.insecure_channel(
-                self.target, options, interceptors=client_interceptors()
-            )
+        self._channel()
         self._task = asyncio.get_running_loop().create_task(self._run(), name="worker-session")
 
     async def wait_registered(self, timeout_s: float) -> None:
@@ -147,8 +167,8 @@ class ControllerSession:
             task.cancel()  # between streams (backing off) or the controller did not end it
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        if self._channel is not None:
-            await self._channel.close()
+        for channel in self._channels.values():
+            await channel.close()
         self._set_connected(False)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -180,6 +200,8 @@ class ControllerSession:
                             "details": err.details(),
                         },
                     )
+                    if self.targets.move_on(parse_rpc_error(err)):
+                        _log.info("trying another controller", extra={"target": self.target})
             except _ProtocolError as err:
                 self.last_error = str(err)
                 _log.error("controller protocol error", extra={"error": str(err)})
@@ -216,11 +238,11 @@ class ControllerSession:
 
     async def _session_once(self) -> bool:
         """One stream from open to end; True when a lease was granted on it."""
-        assert self._channel is not None
-        stub = control_pb2_grpc.ControlServiceStub(self._channel)
+        stub = control_pb2_grpc.ControlServiceStub(self._channel())
         # An unreachable controller is waited for (the channel retries the connection at most
         # every second); only a controller that answers can refuse, and only that backs off.
-        call = stub.WorkerSession(metadata=self._metadata, wait_for_ready=True)
+        # With other controllers to try, an unreachable one is a failure that moves on.
+        call = stub.WorkerSession(metadata=self._metadata, wait_for_ready=not self.targets.several)
         self._call = call
         try:
             await call.write(control_pb2.WorkerSessionRequest(register=self._descriptor()))

@@ -123,20 +123,28 @@ class DemandMeter:
         if not (math.isfinite(tau_s) and tau_s > 0.0):
             raise ValueError(f"tau_s must be finite and > 0, got {tau_s}")
         self._tau = tau_s
-        self._rate: dict[str, float] = {}
-        self._last: dict[str, float] = {}
-
-    def _decayed(self, tenant: str, now: float) -> float:
-        rate = self._rate.get(tenant, 0.0)
-        elapsed = now - self._last.get(tenant, now)
-        return rate * math.exp(-elapsed / self._tau) if elapsed > 0.0 else rate
+        # tenant -> [rate as of its last arrival, that arrival's time]: one lookup per arrival
+        # (it runs on the Infer path, once per request).
+        self._state: dict[str, list[float]] = {}
 
     def observe(self, tenant: str, cost: float, now: float) -> None:
         """One arrival (admitted or refused) of ``cost`` work tokens."""
-        rate = self._decayed(tenant, now)
-        self._rate[tenant] = rate + cost / self._tau
-        self._last[tenant] = max(now, self._last.get(tenant, now))
+        state = self._state.get(tenant)
+        if state is None:
+            self._state[tenant] = [cost / self._tau, now]
+            return
+        elapsed = now - state[1]
+        if elapsed > 0.0:
+            state[0] = state[0] * math.exp(-elapsed / self._tau) + cost / self._tau
+            state[1] = now
+        else:  # the same instant (or a clock read out of order): no decay
+            state[0] += cost / self._tau
 
     def rates(self, now: float) -> dict[str, float]:
         """The demand to report: tenant → work tokens per second, as of ``now``."""
-        return {tenant: self._decayed(tenant, now) for tenant in sorted(self._rate)}
+        rates = {}
+        for tenant in sorted(self._state):
+            rate, last = self._state[tenant]
+            elapsed = now - last
+            rates[tenant] = rate * math.exp(-elapsed / self._tau) if elapsed > 0.0 else rate
+        return rates

@@ -176,8 +176,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--target",
         default="127.0.0.1:50051",
         metavar="HOST:PORT",
-        help="gateway address, or a gRPC target naming several (ipv4:A,B or dns:///NAME:PORT; "
-        "see --health-check) (default 127.0.0.1:50051)",
+        help="gateway address; A,B for several gateways, each on its own channel, clients "
+        "spread over them round robin and the report counting requests per gateway; or a "
+        "gRPC target naming several (ipv4:A,B or dns:///NAME:PORT) that gRPC balances itself "
+        "(see --health-check) (default 127.0.0.1:50051)",
     )
     parser.add_argument(
         "--api-key", default="demo-key-premium", help="tenant API key (default demo-key-premium)"

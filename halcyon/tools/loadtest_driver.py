@@ -28,7 +28,13 @@ import grpc
 
 from common import keepalive
 from common.errors import DOMAIN, RichError, parse_rpc_error
-from halcyon.tools.loadtest_mix import DEFAULT_MAX_TOKENS, LoadOptions, SloClass, _request_pool
+from halcyon.tools.loadtest_mix import (
+    DEFAULT_MAX_TOKENS,
+    LoadOptions,
+    SloClass,
+    _request_pool,
+    split_targets,
+)
 from halcyon.tools.loadtest_report import (
     LoadResult,
     read_gateway_counters,
@@ -92,6 +98,7 @@ class _Request:
     first_sent: float
     then: Callable[[], None] | None
     slo: int = 0
+    target: int = 0  # index into LoadGenerator.targets
 
 
 class _RetryTimer:
@@ -159,14 +166,26 @@ class LoadGenerator:
         self._t0 = 0.0
         self._stop_at = 0.0
         self._retry_timer: _RetryTimer | None = None
-        self.channel = grpc.insecure_channel(
-            args.target, options=channel_options(getattr(args, "health_check", None))
-        )
-        self.call = self.channel.unary_unary(
-            INFER_METHOD,
-            request_serializer=None,
-            response_deserializer=infer_pb2.InferResponse.FromString,
-        )
+        # One channel per --target gateway; clients are spread over them round robin.
+        self.targets = split_targets(args.target)
+        options = channel_options(getattr(args, "health_check", None))
+        self.channels = [grpc.insecure_channel(t, options=options) for t in self.targets]
+        self.calls = [
+            channel.unary_unary(
+                INFER_METHOD,
+                request_serializer=None,
+                response_deserializer=infer_pb2.InferResponse.FromString,
+            )
+            for channel in self.channels
+        ]
+        if len(self.targets) > 1:
+            self.tally.by_target.update(dict.fromkeys(self.targets, 0))
+            self.tally.ok_by_target.update(dict.fromkeys(self.targets, 0))
+        self._next_target = itertools.count()
+
+    def close(self) -> None:
+        for channel in self.channels:
+            channel.close()
 
     def _retry_delay(self, err: RichError) -> float | None:
         """Seconds to wait before resending after this rejection; None = do not retry."""
@@ -186,8 +205,10 @@ class LoadGenerator:
                 return index
         return len(self.classes) - 1
 
-    def _begin(self, payload: bytes, then: Callable[[], None] | None, slo: int = 0) -> None:
-        request = _Request(payload, time.perf_counter(), then, slo)
+    def _begin(
+        self, payload: bytes, then: Callable[[], None] | None, slo: int = 0, target: int = 0
+    ) -> None:
+        request = _Request(payload, time.perf_counter(), then, slo, target)
         with self._lock:
             self._outstanding += 1
             self.tally.classes[slo].offered += 1
@@ -197,7 +218,7 @@ class LoadGenerator:
         with self._lock:
             self.tally.sent += 1
         t0 = time.perf_counter()
-        future = self.call.future(
+        future = self.calls[request.target].future(
             request.payload, timeout=self._deadlines_s[request.slo], metadata=self.metadata
         )
         future.add_done_callback(lambda f: self._done(f, request, t0))
@@ -268,6 +289,11 @@ class LoadGenerator:
                         # its client (waiting past the end) sends nothing more.
                         tally.unfinished += 1
                         cut_off = True
+            if retry_after is None and len(self.targets) > 1:
+                target = self.targets[request.target]
+                tally.by_target[target] += 1
+                if err is None:
+                    tally.ok_by_target[target] += 1
             if retry_after is None or cut_off:
                 self._outstanding -= 1
                 if self._outstanding == 0:
@@ -299,8 +325,10 @@ class LoadGenerator:
                 pool: list[bytes] = pool,
                 counter: Iterator[int] = counter,
                 slo_rng: random.Random = slo_rng,
+                target: int = i % len(self.targets),
             ) -> None:
-                self._begin(pool[next(counter) % len(pool)], next_call, self._draw_class(slo_rng))
+                payload = pool[next(counter) % len(pool)]
+                self._begin(payload, next_call, self._draw_class(slo_rng), target)
 
             next_call()
 
@@ -324,7 +352,8 @@ class LoadGenerator:
                     self.tally.classes[slo].offered += 1
                 continue
             pool = pools[self.rng.randrange(len(pools))]
-            self._begin(pool[self.rng.randrange(len(pool))], None, slo)
+            target = next(self._next_target) % len(self.targets)
+            self._begin(pool[self.rng.randrange(len(pool))], None, slo, target)
 
     def _progress(self, stop: threading.Event) -> None:
         last_n, last_t = 0, time.perf_counter()
@@ -347,13 +376,14 @@ class LoadGenerator:
             last_n, last_t = n, now
 
     def run(self) -> Tally:
-        try:
-            grpc.channel_ready_future(self.channel).result(timeout=self.args.connect_timeout)
-        except grpc.FutureTimeoutError:
-            raise ConnectionError(
-                f"no gateway answered at {self.args.target} within "
-                f"{self.args.connect_timeout:g} s; start one (make stack) or pass --target"
-            ) from None
+        for target, channel in zip(self.targets, self.channels, strict=True):
+            try:
+                grpc.channel_ready_future(channel).result(timeout=self.args.connect_timeout)
+            except grpc.FutureTimeoutError:
+                raise ConnectionError(
+                    f"no gateway answered at {target} within "
+                    f"{self.args.connect_timeout:g} s; start one (make stack) or pass --target"
+                ) from None
         self._t0 = self.tally.started = time.perf_counter()
         self._stop_at = self._t0 + self.args.seconds
         self._retry_timer = _RetryTimer()
@@ -375,7 +405,7 @@ class LoadGenerator:
         if show:
             progress.join()
             print(file=sys.stderr)
-        self.channel.close()
+        self.close()
         self.tally.started = elapsed  # reuse as the run's wall time
         return self.tally
 

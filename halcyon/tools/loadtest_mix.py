@@ -101,6 +101,18 @@ def _request_pool(
     return pool
 
 
+_SCHEMES = ("ipv4:", "ipv6:", "dns:", "unix:", "unix-abstract:", "vsock:", "xds:")
+
+
+def split_targets(target: str) -> list[str]:
+    """``--target``'s gateways: ``A,B`` is two, each with its own channel (clients spread round
+    robin over them); a gRPC target with a scheme (``ipv4:A,B``) stays one channel, balanced by
+    gRPC itself (``--health-check``)."""
+    if target.startswith(_SCHEMES) or "," not in target:
+        return [target]
+    return [part.strip() for part in target.split(",") if part.strip()]
+
+
 @dataclass
 class LoadOptions:
     """What one load test does: the ``halcyon loadtest`` flags, with the same defaults."""

@@ -208,7 +208,14 @@ def summarize(
         if gateway is not None and gateway.batches and gateway.batched_requests is not None
         else None,
         "timeline": _timeline(tally),
+        # Only with several --target gateways: one keeps today's report.
+        **({"targets": _targets(tally)} if tally.by_target else {}),
     }
+
+
+def _targets(tally: Tally) -> dict[str, dict[str, int]]:
+    """Requests that ended, and successes, per --target gateway."""
+    return {t: {"requests": n, "ok": tally.ok_by_target[t]} for t, n in tally.by_target.items()}
 
 
 def _counts(counts: dict[str, int]) -> str:
@@ -265,6 +272,10 @@ def render(report: dict[str, Any]) -> str:
             f"  admitted, late  {report['admitted_late']} of {report['admitted']} admitted "
             f"({100.0 * report['admitted_late_share']:.2f}%) answered after their deadline or "
             "with DEADLINE_EXCEEDED"
+        )
+    for target, counts in (report.get("targets") or {}).items():
+        lines.append(
+            f"  target          {target}: {counts['requests']} requests, {counts['ok']} successful"
         )
     if report["gateway_cpu_ms_per_request"] is not None:
         lines.append(f"  gateway CPU     {report['gateway_cpu_ms_per_request']:.3f} ms per request")

@@ -63,6 +63,10 @@ class Tally:
     classes: list[ClassTally] = field(default_factory=list)
     refused: int = 0  # requests that ended with a refusal at admission (see ADMITTED_FAILURES)
     admitted_late: int = 0
+    # With several --target gateways: requests that ended, and successes, per gateway (empty
+    # with one target).
+    by_target: Counter[str] = field(default_factory=Counter)
+    ok_by_target: Counter[str] = field(default_factory=Counter)
 
     @property
     def ok(self) -> int:

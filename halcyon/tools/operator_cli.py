@@ -11,6 +11,10 @@ The connection (:class:`Console`: the credential, the keepalive-pinged channel, 
 each call), the table and JSON output, and :func:`run_command` — every operator command's
 error handling and exit codes — live here too, so ``halcyon rollout`` and ``halcyon fleet`` are
 only their subcommands.
+
+``--controller`` may list several controllers that elect a leader (issue #22): a unary call
+refused ``UNAVAILABLE`` — a standby's ``NOT_LEADER`` naming the leader, or nothing answering —
+is sent once more, to the named leader or the next address (:mod:`common.controller_targets`).
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import grpc
 from google.protobuf import json_format
 
 from common import keepalive
-from common.argtypes import hostport, positive
+from common.argtypes import positive
 from common.auth import bearer_metadata
+from common.controller_targets import ControllerTargets, controller_addresses
 from common.credentials import DEV_OPERATOR_TOKEN, OPERATOR_TOKEN_ENV
 from common.errors import RichError, parse_rpc_error
 from halcyon.v1 import control_pb2, control_pb2_grpc
@@ -60,10 +65,11 @@ def add_controller_flags(
     ``args.timeout``, ``args.json``: what :class:`Console` reads)."""
     parser.add_argument(
         "--controller",
-        type=hostport,
+        type=controller_addresses,
         default=DEFAULT_CONTROLLER,
-        metavar="HOST:PORT",
-        help=f"controller address (default {DEFAULT_CONTROLLER})",
+        metavar="HOST:PORT[,HOST:PORT...]",
+        help=f"controller address; several (comma-separated) for controllers that elect a "
+        f"leader (default {DEFAULT_CONTROLLER})",
     )
     parser.add_argument(
         "--operator-token-file",
@@ -133,13 +139,27 @@ class Console:
             token = DEV_OPERATOR_TOKEN
         self.metadata = bearer_metadata(token)
         # Watches stream decisions with long quiet spells: pinged as every fleet channel is.
-        self.channel = grpc.insecure_channel(args.controller, keepalive.client_options())
-        self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
+        self.targets = ControllerTargets(args.controller)
+        self._connect()
         self.timeout = args.timeout
 
+    def _connect(self) -> None:
+        self.channel = grpc.insecure_channel(self.targets.current, keepalive.client_options())
+        self.stub = control_pb2_grpc.ControlServiceStub(self.channel)
+
     def call(self, method: Callable[..., Any], request: Any) -> Any:
-        """A unary call with the operator credential and the command's deadline."""
-        return method(request, metadata=self.metadata, timeout=self.timeout)
+        """A unary call with the operator credential and the command's deadline (``method`` is
+        one of :attr:`stub`'s); refused UNAVAILABLE, sent once more to the leader the refusal
+        names or the next controller listed."""
+        try:
+            return method(request, metadata=self.metadata, timeout=self.timeout)
+        except grpc.RpcError as exc:
+            if not self.targets.move_on(parse_rpc_error(exc)):
+                raise
+        name = next(n for n, m in vars(self.stub).items() if m is method)
+        self.channel.close()
+        self._connect()
+        return getattr(self.stub, name)(request, metadata=self.metadata, timeout=self.timeout)
 
     def watch(self, model: str, replay: int) -> Iterable[control_pb2.WatchRolloutDecisionsResponse]:
         """The live decision stream (no deadline: it runs until told to stop)."""

@@ -39,7 +39,7 @@ from common.credentials import (
 from common.ports import describe_port_holders
 from common.serving import parse_hostport
 from halcyon.tools.stack_howto import describe_stack
-from halcyon.tools.stack_layout import OPERATOR_TOKEN_FILE, PID_FILE, STATE_PREFIX
+from halcyon.tools.stack_layout import OPERATOR_TOKEN_FILE, PID_FILE, STATE_PREFIX, nth_address
 from halcyon.tools.stack_supervisor import Stack, StackError, _say, _StopRequested
 
 # -- state directory, ports, credentials ----------------------------------------------------
@@ -91,12 +91,14 @@ def _check_runtime(args: argparse.Namespace) -> None:
 
 
 def _check_ports(args: argparse.Namespace) -> None:
+    gateways = range(getattr(args, "gateways", 1))
     for flag, listen in (
         ("--controller-listen", args.controller_listen),
-        ("--gateway-listen", args.gateway_listen),
-        ("--gateway-metrics-listen", args.gateway_metrics_listen),
+        *[("--gateway-listen", nth_address(args.gateway_listen, i)) for i in gateways],
+        *[("--gateway-metrics-listen", nth_address(args.gateway_metrics_listen, i))
+          for i in gateways],
         *([("--console-listen", args.console_listen)] if args.console_listen else []),
-    ):
+    ):  # fmt: skip
         host, port = parse_hostport(listen)
         if not is_loopback(host):
             raise StackError(
@@ -144,6 +146,13 @@ def _child_env(args: argparse.Namespace) -> dict[str, str]:
 # -- the command ------------------------------------------------------------------------------
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def configure(parser: argparse.ArgumentParser) -> None:
     parser.description = (
         "Run the whole system on loopback: a controller, a heterogeneous fleet (fast v1, 0.6x "
@@ -167,6 +176,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default="halcyon",
         help="the gateway's batching: deadline-aware (halcyon), the seed's fixed 32 items / "
         "25 ms (fixed), or one request per batch (none) (default %(default)s)",
+    )
+    parser.add_argument(
+        "--gateways",
+        type=_at_least_one,
+        default=1,
+        metavar="N",
+        help="gateways to run, on consecutive ports from --gateway-listen's and "
+        "--gateway-metrics-listen's (50051, 50052, …), each told --expected-gateways N: "
+        "tenant quotas are then shared by the N, as the controller's leases split them "
+        "(default %(default)s)",
     )
     parser.add_argument(
         "--gateway-listen",

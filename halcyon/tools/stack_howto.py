@@ -21,6 +21,9 @@ def describe_stack(stack: Stack) -> str:
     by_name = {c.name: c.ready or {} for c in stack.children}
     gateway = by_name["gateway"].get("grpc", stack.args.gateway_listen)
     gateway_metrics = by_name["gateway"].get("metrics", stack.args.gateway_metrics_listen)
+    # Several gateways (--gateways N): loadtest spreads its clients over all of them.
+    others = [str((g.ready or {}).get("grpc", "?")) for g in stack.gateways[1:]]
+    load_target = ",".join([gateway, *others])
     controller = by_name["controller"].get("grpc", stack.args.controller_listen)
     console = by_name["controller"].get("console_url") or "(not started: see controller.log)"
     grpcurl, halcyon = _tool("grpcurl"), _tool("halcyon")
@@ -53,7 +56,7 @@ def describe_stack(stack: Stack) -> str:
             f"    {gateway} halcyon.v1.InferService/Infer",
             "",
             "Drive real load:",
-            f"  {halcyon} loadtest --target {gateway} --gateway-metrics {gateway_metrics} "
+            f"  {halcyon} loadtest --target {load_target} --gateway-metrics {gateway_metrics} "
             "--clients 32 --seconds 20",
             "",
             f"Inspect the control plane (the operator token is in {token_file}, mode 0600):",

@@ -42,3 +42,15 @@ ONNX_FLEET = (
 ONNX_CANARY = ReplicaSpec("replica-c", "v2", "cpu-1t", 1.0, threads=1)
 ONNX_PRESET = "small"
 ONNX_SEEDS = {"v1": 0, "v2": 1}
+
+
+def gateway_name(index: int) -> str:
+    """``gateway``, then ``gateway-2``, ``gateway-3``… (``--gateways N``)."""
+    return "gateway" if index == 0 else f"gateway-{index + 1}"
+
+
+def nth_address(listen: str, index: int) -> str:
+    """The ``index``-th gateway's address: consecutive ports from ``listen``'s (port 0, any
+    free port, stays 0)."""
+    host, _, port = listen.rpartition(":")
+    return listen if int(port) == 0 else f"{host}:{int(port) + index}"

@@ -37,6 +37,8 @@ from halcyon.tools.stack_layout import (
     ONNX_PRESET,
     ONNX_SEEDS,
     ReplicaSpec,
+    gateway_name,
+    nth_address,
 )
 
 # The children's SIGTERM behaviour: a short drain delay (nothing balances across them) and a
@@ -129,13 +131,17 @@ class Stack:
         self.signals = _Signals()
         self.controller: Child | None = None
         self.workers: list[Child] = []
-        self.gateway: Child | None = None
+        self.gateways: list[Child] = []  # --gateways N, on consecutive ports
+
+    @property
+    def gateway(self) -> Child | None:
+        """The first gateway (the one on --gateway-listen's port)."""
+        return self.gateways[0] if self.gateways else None
 
     @property
     def children(self) -> list[Child]:
         head = [self.controller] if self.controller else []
-        tail = [self.gateway] if self.gateway else []
-        return head + self.workers + tail
+        return head + self.workers + self.gateways
 
     # -- one child --------------------------------------------------------------------------
 
@@ -297,17 +303,27 @@ class Stack:
         for worker in self.workers:
             self._wait_ready(worker)
 
-        def gateway_argv() -> list[str]:
-            return [
+        count = getattr(a, "gateways", 1)
+
+        def gateway_argv(index: int) -> Callable[[], list[str]]:
+            name = gateway_name(index)
+            listen = nth_address(a.gateway_listen, index)
+            metrics = nth_address(a.gateway_metrics_listen, index)
+            # Several gateways share each tenant's quota (ADR 0003); one keeps today's flags.
+            shared = ["--gateway-id", name, "--expected-gateways", str(count)] if count > 1 else []
+            return lambda: [
                 "gateway",
-                *self._serving_flags("gateway", a.gateway_listen, a.gateway_metrics_listen),
+                *self._serving_flags(name, listen, metrics),
                 "--controller", controller,
                 "--batching", a.batching,
+                *shared,
             ]  # fmt: skip
 
-        self.gateway = self._child("gateway", gateway_argv)
-        self._spawn(self.gateway)
-        self._wait_ready(self.gateway)
+        self.gateways = [self._child(gateway_name(i), gateway_argv(i)) for i in range(count)]
+        for gateway in self.gateways:
+            self._spawn(gateway)
+        for gateway in self.gateways:
+            self._wait_ready(gateway)
 
     def _onnx_models(self, fleet: list[ReplicaSpec]) -> dict[str, str]:
         """The generated decoder of each version in the fleet, made on first use (cached)."""
@@ -389,7 +405,7 @@ class Stack:
         """Gateway first (nothing it accepted is lost), then workers, then the controller; a
         second signal stops the rest at once, a third (or a hang) kills them."""
         try:
-            groups = [[self.gateway] if self.gateway else [], self.workers]
+            groups = [self.gateways, self.workers]
             groups.append([self.controller] if self.controller else [])
             seen = self.signals.count  # a signal beyond these hurries the stop
             for group in groups:

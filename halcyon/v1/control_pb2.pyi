@@ -497,16 +497,32 @@ class WatchFleetRequest(_message.Message):
     def __init__(self, gateway_id: _Optional[str] = ...) -> None: ...
 
 class WatchFleetResponse(_message.Message):
-    __slots__ = ("generation", "replicas", "routing", "warming_up")
+    __slots__ = ("generation", "replicas", "routing", "warming_up", "quota_leases")
     GENERATION_FIELD_NUMBER: _ClassVar[int]
     REPLICAS_FIELD_NUMBER: _ClassVar[int]
     ROUTING_FIELD_NUMBER: _ClassVar[int]
     WARMING_UP_FIELD_NUMBER: _ClassVar[int]
+    QUOTA_LEASES_FIELD_NUMBER: _ClassVar[int]
     generation: int
     replicas: _containers.RepeatedCompositeFieldContainer[FleetMember]
     routing: _containers.RepeatedCompositeFieldContainer[ModelRouting]
     warming_up: bool
-    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., warming_up: _Optional[bool] = ...) -> None: ...
+    quota_leases: _containers.RepeatedCompositeFieldContainer[QuotaLease]
+    def __init__(self, generation: _Optional[int] = ..., replicas: _Optional[_Iterable[_Union[FleetMember, _Mapping]]] = ..., routing: _Optional[_Iterable[_Union[ModelRouting, _Mapping]]] = ..., warming_up: _Optional[bool] = ..., quota_leases: _Optional[_Iterable[_Union[QuotaLease, _Mapping]]] = ...) -> None: ...
+
+class QuotaLease(_message.Message):
+    __slots__ = ("tenant", "rate_per_s", "burst", "ttl", "gateways_known")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    TTL_FIELD_NUMBER: _ClassVar[int]
+    GATEWAYS_KNOWN_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    rate_per_s: float
+    burst: float
+    ttl: _duration_pb2.Duration
+    gateways_known: int
+    def __init__(self, tenant: _Optional[str] = ..., rate_per_s: _Optional[float] = ..., burst: _Optional[float] = ..., ttl: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., gateways_known: _Optional[int] = ...) -> None: ...
 
 class RequestOutcome(_message.Message):
     __slots__ = ("model", "version", "replica_id", "kind", "latency")
@@ -541,7 +557,7 @@ class BatchOutcome(_message.Message):
     def __init__(self, model: _Optional[str] = ..., version: _Optional[str] = ..., replica_id: _Optional[str] = ..., size: _Optional[int] = ..., tokens: _Optional[int] = ..., device_time: _Optional[_Union[datetime.timedelta, _duration_pb2.Duration, _Mapping]] = ..., ok: _Optional[bool] = ...) -> None: ...
 
 class ReportOutcomesRequest(_message.Message):
-    __slots__ = ("gateway_id", "requests", "batches", "concurrency_limit", "inflight", "cost_models", "breakers", "sheds", "tenants")
+    __slots__ = ("gateway_id", "requests", "batches", "concurrency_limit", "inflight", "cost_models", "breakers", "sheds", "tenants", "demands")
     GATEWAY_ID_FIELD_NUMBER: _ClassVar[int]
     REQUESTS_FIELD_NUMBER: _ClassVar[int]
     BATCHES_FIELD_NUMBER: _ClassVar[int]
@@ -551,6 +567,7 @@ class ReportOutcomesRequest(_message.Message):
     BREAKERS_FIELD_NUMBER: _ClassVar[int]
     SHEDS_FIELD_NUMBER: _ClassVar[int]
     TENANTS_FIELD_NUMBER: _ClassVar[int]
+    DEMANDS_FIELD_NUMBER: _ClassVar[int]
     gateway_id: str
     requests: _containers.RepeatedCompositeFieldContainer[RequestOutcome]
     batches: _containers.RepeatedCompositeFieldContainer[BatchOutcome]
@@ -560,7 +577,20 @@ class ReportOutcomesRequest(_message.Message):
     breakers: _containers.RepeatedCompositeFieldContainer[ReplicaBreaker]
     sheds: _containers.RepeatedCompositeFieldContainer[ShedCount]
     tenants: _containers.RepeatedCompositeFieldContainer[TenantTraffic]
-    def __init__(self, gateway_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestOutcome, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[BatchOutcome, _Mapping]]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ..., breakers: _Optional[_Iterable[_Union[ReplicaBreaker, _Mapping]]] = ..., sheds: _Optional[_Iterable[_Union[ShedCount, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantTraffic, _Mapping]]] = ...) -> None: ...
+    demands: _containers.RepeatedCompositeFieldContainer[TenantDemand]
+    def __init__(self, gateway_id: _Optional[str] = ..., requests: _Optional[_Iterable[_Union[RequestOutcome, _Mapping]]] = ..., batches: _Optional[_Iterable[_Union[BatchOutcome, _Mapping]]] = ..., concurrency_limit: _Optional[int] = ..., inflight: _Optional[int] = ..., cost_models: _Optional[_Iterable[_Union[_fleet_pb2.CostModel, _Mapping]]] = ..., breakers: _Optional[_Iterable[_Union[ReplicaBreaker, _Mapping]]] = ..., sheds: _Optional[_Iterable[_Union[ShedCount, _Mapping]]] = ..., tenants: _Optional[_Iterable[_Union[TenantTraffic, _Mapping]]] = ..., demands: _Optional[_Iterable[_Union[TenantDemand, _Mapping]]] = ...) -> None: ...
+
+class TenantDemand(_message.Message):
+    __slots__ = ("tenant", "rate_per_s", "contract_rate_per_s", "contract_burst")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CONTRACT_RATE_PER_S_FIELD_NUMBER: _ClassVar[int]
+    CONTRACT_BURST_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    rate_per_s: float
+    contract_rate_per_s: float
+    contract_burst: float
+    def __init__(self, tenant: _Optional[str] = ..., rate_per_s: _Optional[float] = ..., contract_rate_per_s: _Optional[float] = ..., contract_burst: _Optional[float] = ...) -> None: ...
 
 class ReportOutcomesResponse(_message.Message):
     __slots__ = ("reports_received",)

@@ -30,7 +30,10 @@ from controller.store import (
 from tests.support.postgres import PostgresCluster, postgres_cluster
 from tests.support.tools import require_tool
 
-TABLES = {"schema_version", "rollouts", "rollout_decisions", "stable_versions", "fleet_events"}
+TABLES = {
+    "schema_version", "rollouts", "rollout_decisions", "stable_versions", "fleet_events",
+    "controller_leader",
+}  # fmt: skip
 
 
 @pytest.fixture(scope="module")

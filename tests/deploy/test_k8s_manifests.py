@@ -4,17 +4,20 @@ Every overlay is rendered with ``kubectl kustomize`` and every object validated 
 against the oldest and the newest Kubernetes schema ``kubernetes-validate`` ships (the
 Prometheus Operator's ServiceMonitor and PrometheusRule, which no schema covers, are checked
 by hand; the PrometheusRule must be what scripts/render_prometheus_rule.py makes of the
-current deploy/prometheus/rules.yml). Then the
-dev and prod workloads run as real local processes exactly as their manifests say
-(``k8s_local``), are probed as the kubelet probes them, serve an Infer with the dev overlay's
-demo tenant key, and stop within their termination grace after their preStop hook. A flag
-renamed in the code, a probe on the wrong port or name, a Secret key the manifests read but do
-not provide, a grace period shorter than the drain: each fails here.
+current deploy/prometheus/rules.yml). Every container's arguments parse with the
+subcommand's real flags. Then the dev workloads run as real local processes exactly as their
+manifests say (``k8s_local``), are probed as the kubelet probes them, serve an Infer with the
+dev overlay's demo tenant key, and stop within their termination grace after their preStop
+hook (prod is not run: its controllers need a PostgreSQL; its shape is checked instead). A
+flag renamed in the code, a probe on the wrong port or name, a Secret key the manifests read
+but do not provide, a grace period shorter than the drain: each fails here.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
+import re
 import subprocess
 import sys
 import urllib.request
@@ -31,16 +34,22 @@ from deploy_support import DEPLOY, REPO, free_port, require_tool  # type: ignore
 from grpc_health.v1 import health_pb2
 from k8s_local import WORKLOADS, LocalCluster, Objects, entrypoint  # type: ignore[import-not-found]
 
+from bench.command_frame import subcommand_parser
+from halcyon.tools.cli import SUBCOMMANDS
 from halcyon.v1 import infer_pb2, infer_pb2_grpc
 
 K8S = DEPLOY / "k8s"
 OVERLAYS = ("dev", "prod", "monitoring")
-RUNNABLE = ("dev", "prod")
+# Prod's controllers need a PostgreSQL, which these tests do not run.
+RUNNABLE = ("dev",)
 DEMO_KEY = "halcyon-dev-demo-key"  # its digest is in overlays/dev/tenants.yaml
 # Custom resources the schemas do not cover; checked by hand below.
 CUSTOM_KINDS = {"ServiceMonitor", "PrometheusRule"}
 RULES = DEPLOY / "prometheus" / "rules.yml"
 RENDER_SCRIPT = REPO / "scripts" / "render_prometheus_rule.py"
+STORE_SECRET_EXAMPLE = K8S / "overlays" / "prod" / "store-secret.example.yaml"
+# What the downward API gives a pod, for expanding $(VAR) in its arguments.
+FIELD_VALUES = {"status.podIP": "10.0.0.7", "metadata.name": "pod-0", "metadata.namespace": "ns"}
 # The longest a worker's model may take to load before the kubelet restarts the container
 # (the startup probe's failureThreshold x periodSeconds; docs/reference/operations.md).
 WORKER_STARTUP_BUDGET_S = 300
@@ -96,6 +105,16 @@ def render_script() -> ModuleType:
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def env_refs(c: Doc) -> dict[str, Doc]:
+    """Each env var of the container -> its ``valueFrom`` (empty for a literal value)."""
+    return {e["name"]: e.get("valueFrom", {}) for e in c.get("env", [])}
+
+
+def expand(text: str, values: dict[str, str]) -> str:
+    """``$(VAR)`` references replaced as the kubelet does (an unknown one is left as written)."""
+    return re.sub(r"\$\(([A-Za-z_]\w*)\)", lambda m: values.get(m[1], m[0]), text)
 
 
 def flag(c: Doc, name: str) -> str | None:
@@ -189,7 +208,10 @@ def test_pods_are_restricted_probed_drained_and_sized(overlay: str) -> None:
             "capabilities": {"drop": ["ALL"]},
         }, name
         assert c["livenessProbe"]["grpc"]["service"] == "liveness", name
-        assert c["readinessProbe"]["grpc"]["service"] == "readiness", name
+        # prod's (and monitoring's) two controllers are Ready while live: a standby redirects.
+        two_controllers = overlay != "dev" and name == "halcyon-controller"
+        ready_name = "liveness" if two_controllers else "readiness"
+        assert c["readinessProbe"]["grpc"]["service"] == ready_name, name
         for key in ("requests", "limits"):
             assert {"cpu", "memory"} <= set(c["resources"][key]), (name, key)
         annotations = pod["metadata"]["annotations"]
@@ -270,6 +292,126 @@ def test_prod_contains_no_secret_and_dev_generates_them() -> None:
     assert dev == {"halcyon-credentials", "halcyon-tenants"}
 
 
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_container_s_arguments_parse_with_the_real_flags(overlay: str) -> None:
+    # Prod is not run (see RUNNABLE): this is what catches a flag renamed in the code there.
+    for name, workload in workloads(overlay).items():
+        c = container(workload)
+        values = {
+            var: FIELD_VALUES[ref["fieldRef"]["fieldPath"]]
+            for var, ref in env_refs(c).items()
+            if "fieldRef" in ref
+        }
+        args = [expand(a, values) for a in c["args"]]
+        command, rest = args[0], args[1:]
+        module_name, help_text = SUBCOMMANDS[command]
+        parser = subcommand_parser(command, importlib.import_module(module_name), help_text)
+        try:
+            parser.parse_args(rest)
+        except SystemExit as exc:
+            pytest.fail(f"{overlay}: {name}: halcyon {' '.join(args)} does not parse ({exc})")
+
+
+def test_dev_keeps_one_controller_on_sqlite_on_its_own_volume() -> None:
+    controller = workloads("dev")["halcyon-controller"]
+    spec, c = controller["spec"]["template"]["spec"], container(controller)
+    assert controller["spec"]["replicas"] == 1
+    # The old pod lets go of the ReadWriteOnce volume before the new one starts.
+    assert controller["spec"]["strategy"] == {"type": "Recreate"}
+    db = flag(c, "db")
+    assert db is not None and "HALCYON_STORE" not in env_refs(c)
+    [mount] = [m for m in c["volumeMounts"] if db.startswith(m["mountPath"] + "/")]
+    [volume] = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    claims = {p["metadata"]["name"]: p for p in of_kind("dev", "PersistentVolumeClaim")}
+    claim = claims[volume["persistentVolumeClaim"]["claimName"]]
+    assert claim["spec"]["accessModes"] == ["ReadWriteOnce"]
+
+
+def test_prod_runs_two_gateways_and_two_controllers_against_postgresql_from_a_secret() -> None:
+    found = workloads("prod")
+    gateway, controller = found["halcyon-gateway"], found["halcyon-controller"]
+    [hpa] = of_kind("prod", "HorizontalPodAutoscaler")
+    # Before its first quota lease a gateway admits 1/N of a fleet contract: N is the count.
+    assert gateway["spec"]["replicas"] == hpa["spec"]["minReplicas"] == 2
+    assert flag(container(gateway), "expected-gateways") == "2"
+
+    assert controller["kind"] == "Deployment" and controller["spec"]["replicas"] == 2
+    assert controller["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    spec, c = controller["spec"]["template"]["spec"], container(controller)
+    # The state is in the database: no claim, no volume but the scratch /tmp.
+    assert of_kind("prod", "PersistentVolumeClaim") == []
+    assert "volumeClaimTemplates" not in controller["spec"]
+    assert [v["name"] for v in spec["volumes"]] == ["tmp"] and "emptyDir" in spec["volumes"][0]
+    assert flag(c, "db") is None and flag(c, "store") is None
+    env = env_refs(c)
+    assert env["HALCYON_STORE"]["secretKeyRef"] == {"name": "halcyon-store", "key": "url"}
+    assert env["PGPASSWORD"]["secretKeyRef"] == {"name": "halcyon-store", "key": "password"}
+    # The leader publishes the pod's own address. Both controllers are Ready while live (a
+    # standby redirects with NOT_LEADER), or a rolling update with maxUnavailable 0 and the
+    # disruption budget could never let the leader go.
+    assert flag(c, "advertise") == "$(POD_IP):50050"
+    assert env["POD_IP"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert c["readinessProbe"]["grpc"]["service"] == "liveness"
+    [service] = [
+        s for s in of_kind("prod", "Service") if s["metadata"]["name"] == "halcyon-controller"
+    ]
+    assert not service["spec"].get("publishNotReadyAddresses", False)
+    assert pods_selected("prod", service["spec"]["selector"]) == {"halcyon-controller"}
+    # The two prefer different nodes.
+    [term] = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    selected = pods_selected("prod", term["podAffinityTerm"]["labelSelector"]["matchLabels"])
+    assert selected == {"halcyon-controller"}
+
+    budgets = {p["metadata"]["name"]: p["spec"] for p in of_kind("prod", "PodDisruptionBudget")}
+    assert budgets["halcyon-controller"]["minAvailable"] == 1
+    assert budgets["halcyon-gateway"].get("minAvailable", 1) >= 1
+    assert budgets["halcyon-gateway"].get("maxUnavailable", 1) <= 1
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_no_password_looking_value_on_any_command_line(overlay: str) -> None:
+    looks_secret = re.compile(r"pass(word)?|secret|://[^/@:]+:[^/@]+@", re.IGNORECASE)
+    for name, workload in workloads(overlay).items():
+        c = container(workload)
+        for arg in [*c.get("command", []), *c.get("args", [])]:
+            assert not looks_secret.search(arg), f"{overlay}: {name}: {arg}"
+
+
+def test_the_store_secret_example_has_every_key_prod_reads_and_example_values() -> None:
+    docs = [d for d in yaml.safe_load_all(STORE_SECRET_EXAMPLE.read_text()) if d]
+    [secret] = docs
+    assert secret["kind"] == "Secret" and secret["metadata"]["name"] == "halcyon-store"
+    for version in KUBERNETES_VERSIONS:
+        kubernetes_validate.validate(secret, version, strict=True)
+    data = secret["stringData"]
+    read = {
+        ref["secretKeyRef"]["key"]
+        for w in workloads("prod").values()
+        for ref in env_refs(container(w)).values()
+        if ref.get("secretKeyRef", {}).get("name") == "halcyon-store"
+    }
+    assert read == set(data) == {"url", "password"}
+    assert "example" in data["url"] and "example" in data["password"]
+    # The URL carries no password: that is the password key's (as $PGPASSWORD).
+    assert not re.search(r"://[^/@:]+:[^/@]+@", data["url"])
+
+
+def test_the_controller_reads_its_store_url_from_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    url = "postgresql://halcyon@db.example.internal:5432/halcyon"
+    module_name, help_text = SUBCOMMANDS["controller"]
+    module = importlib.import_module(module_name)
+    monkeypatch.setenv("HALCYON_STORE", url)
+    assert subcommand_parser("controller", module, help_text).parse_args([]).store == url
+    monkeypatch.delenv("HALCYON_STORE")
+    assert subcommand_parser("controller", module, help_text).parse_args([]).store is None
+
+
 def test_dev_runs_one_of_each_with_small_requests() -> None:
     for name, workload in workloads("dev").items():
         assert workload["spec"].get("replicas", 1) == 1, name
@@ -281,7 +423,8 @@ def test_prod_scales_gateways_and_puts_workers_on_gpus_behind_network_policies()
     [hpa] = of_kind("prod", "HorizontalPodAutoscaler")
     pdbs = {p["metadata"]["name"]: p["spec"] for p in of_kind("prod", "PodDisruptionBudget")}
     assert hpa["spec"]["scaleTargetRef"]["name"] == "halcyon-gateway"
-    assert hpa["spec"]["minReplicas"] > 1 and set(pdbs) == {"halcyon-gateway", "halcyon-worker"}
+    assert hpa["spec"]["minReplicas"] > 1
+    assert set(pdbs) == {"halcyon-controller", "halcyon-gateway", "halcyon-worker"}
     assert pods_selected("prod", pdbs["halcyon-gateway"]["selector"]["matchLabels"]) == {
         "halcyon-gateway"
     }
@@ -322,11 +465,9 @@ def test_prod_scales_gateways_and_puts_workers_on_gpus_behind_network_policies()
 def test_workloads_run_as_declared_probe_healthy_serve_and_drain(
     overlay: str, tmp_path: Path
 ) -> None:
-    # Secrets the overlay expects to exist come from the dev overlay (prod contains none).
-    provided = Objects()
-    provided.add(of_kind("dev", "Secret"))
+    # The dev overlay renders every Secret it reads.
     cluster = LocalCluster(
-        list(render(overlay)), provided, tmp_path, entrypoint(DEPLOY / "Dockerfile"), free_port
+        list(render(overlay)), Objects(), tmp_path, entrypoint(DEPLOY / "Dockerfile"), free_port
     )
     try:
         cluster.start()

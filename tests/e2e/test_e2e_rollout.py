@@ -104,6 +104,9 @@ def test_verify_ships_four_candidates_and_cleans_up(launch: Any, e2e: SimpleName
         "--gateway", fleet.gateway.grpc,
         "--state-dir", str(launch.workdir / "verify"),
         "--rate", "100",  # 20 canary requests/s at 20 %: enough per 3 s window, less CPU
+        # At this rate the slow candidate's proof takes ~35-60 s at 50 % (one-second blocks
+        # of latency); on a runner shared by other test workers, longer than verify's 60 s.
+        "--rollout-timeout", "120",
         timeout_s=270.0,
     )  # fmt: skip
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"

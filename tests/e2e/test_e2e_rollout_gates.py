@@ -233,7 +233,11 @@ def test_an_analysis_only_rollout_never_moves_traffic(launch: Any, e2e: SimpleNa
             lambda d: d.get("action") == "DECISION_ACTION_ADVANCE",
         )  # fmt: skip
         assert shadow.get("applied", False) is False and shadow["to_percent"] == 50
-        assert rollout_now(fleet, e2e, rollout["id"])["canary_weight_bp"] == 2000
+        # Still at the first step's share — unless the shadow promotion has already ended the
+        # dry run (1 s windows: a slow runner may see it first), which gives the share back.
+        now = rollout_now(fleet, e2e, rollout["id"])
+        running = now["state"] == "ROLLOUT_STATE_PROGRESSING"
+        assert now.get("canary_weight_bp", 0) == (2000 if running else 0), now
         # The dry run's verdict ends the watch: 0, the judge would have promoted.
         watched = halcyon(e2e, "rollout", "watch", e2e.MODEL, "--replay", "100", "--until-done",
                           *target)  # fmt: skip

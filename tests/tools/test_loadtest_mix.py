@@ -97,7 +97,7 @@ def test_classes_are_drawn_by_share_reproducibly() -> None:
         assert counts[0] / 20_000 == pytest.approx(0.3, abs=0.02)
         assert gen._deadlines_s == [0.8, 6.0]
     finally:
-        gen.channel.close()
+        gen.close()
     single = LoadGenerator(LoadOptions())
     try:
         rng = random.Random(1)
@@ -105,7 +105,7 @@ def test_classes_are_drawn_by_share_reproducibly() -> None:
         assert single._draw_class(rng) == 0
         assert rng.getstate() == before  # one class draws nothing: today's sequence unchanged
     finally:
-        single.channel.close()
+        single.close()
 
 
 def test_request_shapes_follow_the_ranges() -> None:
