@@ -254,7 +254,11 @@ class LiveStack:
                 )
         bench = re.search(r"\bhalcyon bench\b", text)
         if bench and "--scenario rollout" in text and "--quick" not in text:
-            # The full sweep takes most of an hour; --quick is its seconds-long smoke run.
+            # The full sweep takes most of an hour; --quick is its seconds-long smoke run (and
+            # the doc's own seed counts, later on the line, would win over ours).
+            text = re.sub(r" --(?:rival-aa-seeds|aa-seeds|seeds) \d+", "", text)
+            bench = re.search(r"\bhalcyon bench\b", text)
+            assert bench is not None
             text = text[: bench.end()] + " --quick --seeds 3 --aa-seeds 6" + text[bench.end() :]
         elif bench and "--duration" not in text and "--trace" not in text:
             end = bench.end()
@@ -460,6 +464,9 @@ def test_adapting_shortens_runs_and_points_at_the_live_stack() -> None:
     )
     assert stack.adapt("halcyon bench --scenario rollout --jobs 2") == (
         "halcyon bench --quick --seeds 3 --aa-seeds 6 --scenario rollout --jobs 2"
+    )
+    assert stack.adapt("halcyon bench --scenario rollout --seeds 50 --aa-seeds 300 --json") == (
+        "halcyon bench --quick --seeds 3 --aa-seeds 6 --scenario rollout --json"
     )
     assert stack.adapt("grpcurl 127.0.0.1:50051 x 127.0.0.1:500510") == (
         "grpcurl 127.0.0.1:4001 x 127.0.0.1:500510"
