@@ -52,11 +52,11 @@ fmt: $(STAMP) ## Format and autofix with ruff
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-# Four pytest workers, each taking a whole file at a time (module fixtures stay in one
-# process): most tests wait on real processes (a rollout judged live, a stack, a PostgreSQL
-# cluster), so four keep CI's 2 cores busy where three left them waiting (main suite 9:28 with
-# three on 2026-12-01). PYTEST_JOBS= is serial.
-PYTEST_JOBS ?= -n 4 --dist loadfile
+# Three pytest workers, each taking a whole file at a time (module fixtures stay in one
+# process): most tests wait on real processes, so on CI's 2 cores three workers use ~1.5 of
+# them (main suite 9:28 on 2026-12-01; four workers took 8:48 but starved the tests that time
+# a wedged loop or a slow device). PYTEST_JOBS= is serial.
+PYTEST_JOBS ?= -n 3 --dist loadfile
 # The lint and KServe's install are independent (the KServe virtualenv downloads for ~50 s while
 # ruff and mypy run): two jobs, each one's output kept together. Both serving paths (ADR 0010)
 # are covered by tests/serving/contract, which runs every hot-method contract over each path.
