@@ -83,16 +83,24 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _error_points(text: str) -> tuple[float, ...]:
+def _point_list(text: str, high: float, wanted: str) -> tuple[float, ...]:
     try:
         points = tuple(float(part) for part in text.split(",") if part.strip())
     except ValueError:
         points = ()
-    if not points or any(not 0.0 < p < 99.0 for p in points):
-        raise argparse.ArgumentTypeError(
-            f"must be error-point increases between 0 and 99, e.g. 2,10; got {text!r}"
-        )
+    if not points or any(not 0.0 < p < high for p in points):
+        raise argparse.ArgumentTypeError(f"must be {wanted}; got {text!r}")
     return points
+
+
+def _error_points(text: str) -> tuple[float, ...]:
+    return _point_list(text, 99.0, "error-point increases between 0 and 99, e.g. 2,10")
+
+
+def _tolerated_points(text: str) -> tuple[float, ...]:
+    return _point_list(
+        text, 0.5, "error-point increases inside the default +0.5-point tolerance (0 < P < 0.5)"
+    )
 
 
 def _names(text: str) -> tuple[str, ...]:
@@ -259,6 +267,23 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="add a bad canary case 'errors+P' per listed error-point increase, e.g. 2,10 "
         "(default: none; the 'errors' case is +5)",
     )
+    ro.add_argument(
+        "--tolerated-error-points",
+        type=_tolerated_points,
+        default=(),
+        metavar="POINTS",
+        help="add a good canary case 'tolerated+P' per listed error-point increase inside the "
+        "tolerance, e.g. 0.4, and report how often every setting rolls back a good canary "
+        "(where a judge's false-alarm budget is spent; default: A/A only)",
+    )
+    ro.add_argument(
+        "--judges",
+        type=_names,
+        default=None,
+        metavar="NAMES",
+        help="judges to sweep, comma-separated: halcyon (always included), flagger, argo, "
+        "original, fixed-interval (default: all of them)",
+    )
     dev = parser.add_argument_group("device")
     dev.add_argument(
         "--intercept-ms",
@@ -337,10 +362,10 @@ def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     import os
     from dataclasses import replace
 
-    from bench.rollout_curves import SweepConfig, sweep_settings
+    from bench.rollout_curves import RIVALS, SweepConfig, sweep_settings
     from bench.rollout_report import curves_main
     from bench.rollout_sim import SimConfig, evidence_models
-    from bench.rollout_traffic import CASES, error_case
+    from bench.rollout_traffic import CASES, error_case, tolerated_case
 
     known = evidence_models()
     evidence = args.evidence if args.evidence is not None else known
@@ -357,8 +382,18 @@ def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     sim = replace(
         sim,
         traffic=replace(sim.traffic, rate=args.rollout_rate),
-        cases=CASES + tuple(error_case(points) for points in args.extra_error_points),
+        cases=CASES
+        + tuple(error_case(points) for points in args.extra_error_points)
+        + tuple(tolerated_case(points) for points in args.tolerated_error_points),
     )
+    judges = ("halcyon", *(args.judges or RIVALS))
+    strangers = [name for name in judges if name not in ("halcyon", *RIVALS)]
+    if strangers:
+        err.write(
+            f"halcyon bench: unknown judge {strangers[0]!r}: choose from "
+            f"{', '.join(RIVALS)} (halcyon is always swept)\n"
+        )
+        return 2
     thresholds: list[tuple[str, float]] = []
     if args.rival_p99_ms != 500.0:
         thresholds.append(("max_p99_s", args.rival_p99_ms / 1000.0))
@@ -366,7 +401,12 @@ def run_rollout(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         thresholds.append(("min_success_rate", args.rival_success_rate / 100.0))
     config = SweepConfig(
         sim=sim,
-        settings=sweep_settings(quick=args.quick, rival_thresholds=tuple(thresholds)),
+        settings=tuple(
+            setting
+            for setting in sweep_settings(quick=args.quick, rival_thresholds=tuple(thresholds))
+            if setting.judge in judges
+        ),
+        other_good=bool(args.tolerated_error_points),
         aa_seeds=aa_seeds,
         rival_aa_seeds=args.rival_aa_seeds or 0,
         jobs=args.jobs or os.cpu_count() or 1,

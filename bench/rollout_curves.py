@@ -2,8 +2,9 @@
 
 What it decides: nothing in production — how the rollout comparison is run and reported
 (``halcyon bench --scenario rollout``). Each rival is swept over its main knobs (:data:`SWEEPS`;
-a dozen settings at most), Halcyon runs at its default policy and at two other false-alarm
-rates, and every (evidence model, setting) is scored on the same seeds:
+a dozen settings at most), Halcyon runs at its default policy and along its own curve (other
+false-alarm rates, faster walks through the healthy steps), and every (evidence model, setting)
+is scored on the same seeds:
 
 * **A/A false-rollback rate** — the share of A/A seeds rolled back for any reason (including
   ``max_duration``), with its Wilson 95 % interval. The A/A case is the first case that is not
@@ -21,7 +22,11 @@ radius among those whose A/A rate is at most Halcyon's (default policy) point es
 separately, at most its Wilson upper bound; the report gives Halcyon's median blast radius
 divided by that rival's. A rival with no setting that careful is reported as such. "Dominated"
 counts the rival settings beaten by some Halcyon point at an equal or lower A/A rate: all of them
-means Halcyon's curve lies below that rival's.
+means Halcyon's curve lies below that rival's. Halcyon's curve is its settings that catch at
+least :data:`CATCH_BAR` of every bad case. It is judged over the rival settings that meet the
+issue's A/A bar (:data:`TARGET_FRR`), over those an operator could still live with
+(:data:`USABLE_FRR`), and over all of them. **At the issue's rate**
+(:data:`TARGET_FRR`): Halcyon's best point against the rival's best, both at A/A <= 1 %.
 
 Seeds are independent and identical for every judge (common random numbers); the work is split
 by (evidence model, seed) over a process pool and gathered in seed order, so the output is the
@@ -58,10 +63,28 @@ __all__ = [
 ]
 
 Z95 = 1.959963984540054
-HALCYON_RATES = (0.001, 0.05, 0.2)  # besides the policy's own false_alarm_rate
-# Halcyon's other knob: shorter windows walk the healthy steps faster (the sequential tests,
-# and so the false-alarm budget, do not depend on them).
-HALCYON_WINDOWS = (5.0,)
+# Halcyon's own curve: its false-alarm rate besides the policy's own. The rate is a bound for a
+# canary *at* its tolerances; an A/A canary sits well inside them, so its measured rate stays
+# far below the nominal one and the curve reaches small radii at A/A rates near zero.
+HALCYON_RATES = (0.001, 0.05, 0.2, 0.5, 0.9)
+# Halcyon's other knob, how fast it walks the healthy steps: shorter windows, and one healthy
+# window instead of two (the sequential tests, and so the false-alarm budget, do not depend on
+# them; the window guards that hold a canary just past a tolerance do).
+HALCYON_WALKS: tuple[tuple[tuple[str, float], ...], ...] = (
+    (("window_s", 5.0),),
+    (("window_s", 5.0), ("healthy", 1.0)),
+)
+# The A/A false-rollback rates an operator could live with: "below a rival's curve" is judged
+# over the rival's settings up to this rate (and reported over all of them). A setting that
+# rolls back more healthy canaries than this catches bad ones fast by rolling back nearly
+# everything.
+USABLE_FRR = 0.05
+# The issue's bar for the A/A rate: Halcyon's curve and each rival's are compared at it too.
+TARGET_FRR = 0.01
+# The issue's bar for catching bad canaries: a Halcyon setting is on its curve only if it
+# catches at least this share of every bad case (a faster walk that lets a slow canary through
+# is not a point Halcyon offers).
+CATCH_BAR = 0.99
 RIVALS = ("flagger", "argo", "original", "fixed-interval")
 
 SWEEPS: dict[str, dict[str, tuple[float, ...]]] = {
@@ -115,7 +138,7 @@ def sweep_settings(
     settings = [JudgeSetting("halcyon")]
     if not quick:
         settings += [JudgeSetting("halcyon", (("false_alarm_rate", r),)) for r in halcyon_rates]
-        settings += [JudgeSetting("halcyon", (("window_s", w),)) for w in HALCYON_WINDOWS]
+        settings += [JudgeSetting("halcyon", walk) for walk in HALCYON_WALKS]
     sweeps = QUICK_SWEEPS if quick else SWEEPS
     for judge in RIVALS:
         extra = rival_thresholds if judge in ("flagger", "argo") else ()
@@ -322,6 +345,20 @@ class Matched:
     best_at_hi: CurvePoint | None  # at <= Halcyon's Wilson upper bound
     dominated: int  # rival settings beaten by some Halcyon point at an equal or lower rate
     settings: int
+    dominated_usable: int  # the same, among the rival settings at A/A <= USABLE_FRR
+    usable: int  # rival settings at A/A <= USABLE_FRR
+    dominated_target: int  # the same, among the rival settings at A/A <= TARGET_FRR
+    at_target: int  # rival settings at A/A <= TARGET_FRR
+    curve_halcyon: CurvePoint | None  # Halcyon's best point at A/A <= TARGET_FRR
+    curve_rival: CurvePoint | None  # the rival's best at A/A <= TARGET_FRR
+
+    def curve_ratio(self) -> float | None:
+        """Halcyon's curve over the rival's, both at their best at A/A <= TARGET_FRR."""
+        if self.curve_halcyon is None or self.curve_rival is None:
+            return None
+        rival = self.curve_rival.bad[self.case].blast_p50
+        mine = self.curve_halcyon.bad[self.case].blast_p50
+        return mine / rival if rival > 0 else math.inf
 
     def ratio(self, point: CurvePoint | None) -> float | None:
         if point is None:
@@ -354,6 +391,17 @@ class Matched:
             "at_upper_bound": side(self.best_at_hi),
             "dominated": self.dominated,
             "settings": self.settings,
+            "dominated_at_target": self.dominated_target,
+            "settings_at_target": self.at_target,
+            "dominated_usable": self.dominated_usable,
+            "usable_settings": self.usable,
+            "usable_frr": USABLE_FRR,
+            "curve_at_target": {
+                "target_frr": TARGET_FRR,
+                "halcyon": None if self.curve_halcyon is None else self.curve_halcyon.setting.label,
+                "rival": None if self.curve_rival is None else self.curve_rival.setting.label,
+                "halcyon_over_rival": self.curve_ratio(),
+            },
         }
 
 
@@ -369,20 +417,29 @@ def matched(points: Sequence[CurvePoint]) -> list[Matched]:
     out = []
     for evidence in dict.fromkeys(p.evidence for p in points):
         here = [p for p in points if p.evidence == evidence]
-        halcyons = [p for p in here if p.judge == "halcyon"]
-        default = next((p for p in halcyons if not p.setting.params), None)
+        default = next((p for p in here if p.judge == "halcyon" and not p.setting.params), None)
         if default is None:
             continue
+        # Halcyon's curve: its settings that meet the catch bar on every bad case.
+        halcyons = [
+            p
+            for p in here
+            if p.judge == "halcyon" and all(b.caught >= CATCH_BAR for b in p.bad.values())
+        ]
         for rival in dict.fromkeys(p.judge for p in here if p.judge != "halcyon"):
             mine = [p for p in here if p.judge == rival]
             for case in default.bad:
-                beaten = sum(
-                    any(
+
+                def beaten(
+                    r: CurvePoint, case: str = case, halcyons: list[CurvePoint] = halcyons
+                ) -> bool:
+                    return any(
                         h.frr <= r.frr + 1e-12 and h.bad[case].blast_p50 < r.bad[case].blast_p50
                         for h in halcyons
                     )
-                    for r in mine
-                )
+
+                usable = [r for r in mine if r.frr <= USABLE_FRR + 1e-12]
+                at_target = [r for r in mine if r.frr <= TARGET_FRR + 1e-12]
                 out.append(
                     Matched(
                         evidence=evidence,
@@ -394,8 +451,14 @@ def matched(points: Sequence[CurvePoint]) -> list[Matched]:
                         halcyon_blast_p50=default.bad[case].blast_p50,
                         best=_best(mine, case, default.frr),
                         best_at_hi=_best(mine, case, default.frr_interval[1]),
-                        dominated=beaten,
+                        dominated=sum(map(beaten, mine)),
                         settings=len(mine),
+                        dominated_usable=sum(map(beaten, usable)),
+                        usable=len(usable),
+                        dominated_target=sum(map(beaten, at_target)),
+                        at_target=len(at_target),
+                        curve_halcyon=_best(halcyons, case, TARGET_FRR),
+                        curve_rival=_best(mine, case, TARGET_FRR),
                     )
                 )
     return out

@@ -25,6 +25,8 @@ def _halcyon(
         policy,
         false_alarm_rate=setting.get("false_alarm_rate", policy.false_alarm_rate),
         window_s=setting.get("window_s", policy.window_s),
+        healthy_windows_to_advance=int(setting.get("healthy", policy.healthy_windows_to_advance)),
+        min_requests=int(setting.get("min_requests", policy.min_requests)),
     )
     return RolloutRun(steps=steps, policy=policy, started_at=t0)
 

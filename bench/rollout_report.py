@@ -4,7 +4,7 @@ What it decides: how :mod:`bench.rollout_curves`' points are shown — one Markd
 and one matched-rate table per evidence model, a line saying which of the issue's figures are
 met, JSON lines for machines, and an optional plot (median blast radius against A/A
 false-rollback rate, log-y, one line per judge: a rival's line is its best blast radius at or
-below each rate, Halcyon's points starred). Output on stdout is the same bytes for the same
+below each rate, Halcyon's starred). Output on stdout is the same bytes for the same
 flags; timings and progress go to stderr only.
 """
 
@@ -19,18 +19,34 @@ from typing import TextIO
 import numpy as np
 
 from bench.markdown import markdown_table
-from bench.rollout_curves import CurvePoint, Matched, SweepConfig, matched, run_sweep
+from bench.rollout_curves import (
+    TARGET_FRR,
+    USABLE_FRR,
+    CurvePoint,
+    Matched,
+    SweepConfig,
+    matched,
+    run_sweep,
+)
 from bench.rollout_rivals import describe_rival
 from bench.rollout_sim import describe, make_source
 
-__all__ = ["curve_table", "curves_main", "figures", "matched_table", "plot_curves", "report"]
+__all__ = [
+    "curve_table",
+    "curves_main",
+    "figures",
+    "matched_table",
+    "plot_curves",
+    "points_table",
+    "report",
+]
 
 
 def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def curve_table(points: Sequence[CurvePoint]) -> str:
+def points_table(points: Sequence[CurvePoint]) -> str:
     """One row per setting: A/A rate with its interval, then caught / blast per bad case."""
     bad = list(dict.fromkeys(name for p in points for name in p.bad))
     good = list(dict.fromkeys(name for p in points for name in p.good))
@@ -91,7 +107,9 @@ def matched_table(rows: Sequence[Matched]) -> str:
         ("caught", "{}"),
         ("blast p50", "{}"),
         ("halcyon / rival", "{}"),
-        ("dominated", "{}"),
+        (f"dominated (A/A <= {_pct(TARGET_FRR)})", "{}"),
+        (f"dominated (A/A <= {_pct(USABLE_FRR)})", "{}"),
+        ("dominated (all)", "{}"),
     )
     body = [
         [
@@ -102,11 +120,49 @@ def matched_table(rows: Sequence[Matched]) -> str:
             m.halcyon_blast_p50,
             *side(m, m.best, m.halcyon_frr),
             *side(m, m.best_at_hi, m.halcyon_frr_hi),
+            f"{m.dominated_target}/{m.at_target}",
+            f"{m.dominated_usable}/{m.usable}",
             f"{m.dominated}/{m.settings}",
         ]
         for m in rows
     ]
     return markdown_table(columns, body, left={0, 1, 5, 9})
+
+
+def curve_table(rows: Sequence[Matched]) -> str:
+    """One row per (rival, bad case): Halcyon's curve against the rival's at A/A <= 1 %."""
+
+    def side(point: CurvePoint | None, case: str) -> list[object]:
+        if point is None:
+            return [f"no setting at <= {_pct(TARGET_FRR)}", "-", "-"]
+        return [
+            f"{point.setting.label} ({_pct(point.frr)})",
+            _pct(point.bad[case].caught),
+            f"{point.bad[case].blast_p50:.0f}",
+        ]
+
+    columns = (
+        ("rival", "{}"),
+        ("bad case", "{}"),
+        ("halcyon's best at <= 1 %", "{}"),
+        ("caught", "{}"),
+        ("blast p50", "{}"),
+        ("rival's best at <= 1 %", "{}"),
+        ("caught", "{}"),
+        ("blast p50", "{}"),
+        ("halcyon / rival", "{}"),
+    )
+    body = [
+        [
+            m.rival,
+            m.case,
+            *side(m.curve_halcyon, m.case),
+            *side(m.curve_rival, m.case),
+            "-" if (r := m.curve_ratio()) is None else f"{r:.3f}",
+        ]
+        for m in rows
+    ]
+    return markdown_table(columns, body, left={0, 1, 2, 5})
 
 
 def figures(rows: Sequence[Matched]) -> str:
@@ -118,6 +174,18 @@ def figures(rows: Sequence[Matched]) -> str:
     ratios = [r for m in rows if (r := m.ratio(m.best)) is not None]
     unmatched = sorted({m.rival for m in rows if m.best is None})
     worst = max(ratios) if ratios else None
+    curve_ratios = [r for m in rows if (r := m.curve_ratio()) is not None]
+    worst_curve = max(curve_ratios) if curve_ratios else None
+    above_target = [
+        f"{m.rival}/{m.case} {m.dominated_target}/{m.at_target}"
+        for m in rows
+        if m.dominated_target < m.at_target
+    ]
+    above_usable = [
+        f"{m.rival}/{m.case} {m.dominated_usable}/{m.usable}"
+        for m in rows
+        if m.dominated_usable < m.usable
+    ]
     above = [
         f"{m.rival}/{m.case} {m.dominated}/{m.settings}" for m in rows if m.dominated < m.settings
     ]
@@ -131,8 +199,24 @@ def figures(rows: Sequence[Matched]) -> str:
         + ("-" if worst is None else f"{worst:.3f}")
         + f" (target <= 0.333: {'met' if worst is not None and worst <= 1 / 3 else 'not met'}"
         + (f"; no rival setting that careful: {', '.join(unmatched)}" if unmatched else "")
-        + "). Below every rival's curve: "
-        + ("yes" if not above else "no — rival settings not beaten: " + ", ".join(above))
+        + "); along Halcyon's curve, its best point against each rival's best, both at A/A <= "
+        + f"{_pct(TARGET_FRR)}: worst "
+        + ("-" if worst_curve is None else f"{worst_curve:.3f}")
+        + f" ({'met' if worst_curve is not None and worst_curve <= 1 / 3 else 'not met'}). "
+        + f"Below every rival's curve up to {_pct(TARGET_FRR)} A/A: "
+        + (
+            "yes"
+            if not above_target
+            else "no — rival settings not beaten: " + ", ".join(above_target)
+        )
+        + f"; up to {_pct(USABLE_FRR)}: "
+        + (
+            "yes"
+            if not above_usable
+            else "no — rival settings not beaten: " + ", ".join(above_usable)
+        )
+        + "; over every rival setting: "
+        + ("yes" if not above else "no — not beaten: " + ", ".join(above))
         + "."
     )
 
@@ -177,11 +261,15 @@ def report(config: SweepConfig, points: Sequence[CurvePoint]) -> str:
             f"A/A canary p99 at 50 % share (seed {sim.first_seed:#x}, whole horizon): "
             f"{aa_p99_ms(config, evidence):.0f} ms.",
             "",
-            curve_table(here),
+            points_table(here),
             "",
             f"### Matched false-rollback rate: {evidence}",
             "",
             matched_table([m for m in table if m.evidence == evidence]),
+            "",
+            f"### Along Halcyon's curve, at A/A <= {_pct(TARGET_FRR)}: {evidence}",
+            "",
+            curve_table([m for m in table if m.evidence == evidence]),
             "",
             figures([m for m in table if m.evidence == evidence]),
         ]
@@ -211,18 +299,23 @@ def plot_curves(points: Sequence[CurvePoint], path: str) -> None:
                 )
                 xs = [100 * p.frr for p in mine]
                 ys = [max(1.0, p.bad[case].blast_p50) for p in mine]
-                if judge == "halcyon":
-                    ax.plot(xs, ys, marker="*", markersize=14, linewidth=2.4, label=judge)
-                    continue
-                # The curve is the rival's best blast radius at or below each rate.
+                # The curve is the judge's best blast radius at or below each rate.
                 frontier_x, frontier_y, best = [], [], math.inf
                 for x, y in zip(xs, ys, strict=True):
                     if y < best:
                         best = y
                         frontier_x.append(x)
                         frontier_y.append(y)
-                (line,) = ax.plot(frontier_x, frontier_y, marker="o", label=judge)
-                ax.scatter(xs, ys, s=12, color=line.get_color(), alpha=0.5)
+                star = judge == "halcyon"
+                (line,) = ax.plot(
+                    frontier_x,
+                    frontier_y,
+                    marker="*" if star else "o",
+                    markersize=14 if star else 6,
+                    linewidth=2.4 if star else 1.5,
+                    label=judge,
+                )
+                ax.scatter(xs, ys, s=40 if star else 12, color=line.get_color(), alpha=0.5)
             ax.set_yscale("log")
             ax.set_xscale("symlog", linthresh=1.0)  # 0-1 % linear, where the careful live
             ax.set_xlim(-0.05, 105.0)

@@ -33,7 +33,16 @@ import numpy.typing as npt
 
 from controller.canary import ArmEvidence
 
-__all__ = ["CASES", "CHUNK_S", "Case", "ChunkDraws", "Traffic", "TrafficModel", "error_case"]
+__all__ = [
+    "CASES",
+    "CHUNK_S",
+    "Case",
+    "ChunkDraws",
+    "Traffic",
+    "TrafficModel",
+    "error_case",
+    "tolerated_case",
+]
 
 FloatArray = npt.NDArray[np.float64]
 
@@ -75,6 +84,19 @@ def error_case(points: float, name: str | None = None) -> Case:
         f"canary fails {points:g} points more requests",
         canary_error_rate_increase=points / 100.0,
         bad=True,
+    )
+
+
+def tolerated_case(points: float) -> Case:
+    """A good canary that fails ``points`` percentage points more, inside the tolerance.
+
+    A rollback of it is a false alarm, and the judge's budget is a bound on exactly this kind of
+    canary — at its tolerance, where an A/A canary sits well inside.
+    """
+    return Case(
+        f"tolerated+{points:g}",
+        f"canary fails {points:g} points more requests (inside the tolerance)",
+        canary_error_rate_increase=points / 100.0,
     )
 
 
