@@ -20,6 +20,7 @@ import numpy as np
 
 from bench.markdown import markdown_table
 from bench.rollout_curves import (
+    CATCH_BAR,
     TARGET_FRR,
     USABLE_FRR,
     CurvePoint,
@@ -299,10 +300,15 @@ def plot_curves(points: Sequence[CurvePoint], path: str) -> None:
                 )
                 xs = [100 * p.frr for p in mine]
                 ys = [max(1.0, p.bad[case].blast_p50) for p in mine]
-                # The curve is the judge's best blast radius at or below each rate.
+                # The curve is the judge's best blast radius at or below each rate; Halcyon's
+                # runs through its settings that meet the catch bar only (as in the tables).
+                on_curve = [
+                    judge != "halcyon" or all(b.caught >= CATCH_BAR for b in p.bad.values())
+                    for p in mine
+                ]
                 frontier_x, frontier_y, best = [], [], math.inf
-                for x, y in zip(xs, ys, strict=True):
-                    if y < best:
+                for x, y, on in zip(xs, ys, on_curve, strict=True):
+                    if on and y < best:
                         best = y
                         frontier_x.append(x)
                         frontier_y.append(y)
