@@ -82,7 +82,11 @@ def test_devices_from_1_ms_to_5_s_a_batch_are_served_on_the_first_try(
     for rid, seconds in (("r-1ms", 0.001), ("r-1s", 1.0), ("r-5s", 5.0)):
         samples = [CostSampleValue.from_proto(s) for s in state[rid].warmup]
         assert len(samples) == 2, rid
-        assert all(s.seconds == pytest.approx(seconds, rel=0.5, abs=0.01) for s in samples)
+        # Measured wall time: a 1 ms batch can take 10+ ms when the 2-core runner is busy; 50 ms
+        # still tells the three devices apart, which is what this checks.
+        assert all(s.seconds == pytest.approx(seconds, rel=0.5, abs=0.05) for s in samples), [
+            s.seconds for s in samples
+        ]
 
     results = serve_concurrently(fleet, devices, per_model=3, deadline_s=90.0)
     for model, seconds in devices.items():
